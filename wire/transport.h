@@ -1,0 +1,161 @@
+// The one interface every gpusock transport implements (wire/verbs, wire/fabric).
+//
+// A transport moves bytes and immediates; it knows nothing of sockets or of the
+// rsocket protocol. The protocol core (wire/core) decides *what* to post; the
+// socket layer (wire/socket) asks the transport to post it and feeds the
+// completions back to the core. Every call returns a gs_status_t: >= 0 success,
+// < 0 a negated errno; -EAGAIN means "queue full, poll and retry".
+#pragma once
+
+#include <gpusock/status.h>
+
+#include <sys/socket.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace gpusock::wire {
+
+// Registered memory. remote_addr is what a peer must put in an RDMA write to hit
+// `base` (a virtual address or an offset, as the provider wants); rkey is the
+// 32-bit key the rsocket connection record carries.
+struct MemoryRegion {
+  void *base = nullptr;
+  size_t length = 0;
+  uint64_t remote_addr = 0;
+  uint32_t rkey = 0;
+  void *desc = nullptr;    // provider's local descriptor (fi_mr_desc / ibv_mr*)
+  void *handle = nullptr;  // provider's object, owned by the Domain
+};
+
+enum MemoryAccess : unsigned {
+  kAccessLocal = 0,        // source of local writes only (send buffer)
+  kAccessRemoteWrite = 1,  // peers may RDMA-write into it (receive ring, target table)
+};
+
+// One RDMA write. With has_imm the peer receives a completion carrying `imm`
+// (verbs: write-with-immediate; libfabric: fi_writedata with 8-byte CQ data).
+// length may be 0 (control messages that carry only an immediate).
+struct WriteRequest {
+  const void *local = nullptr;        // inside `region` (or any memory when inline_data)
+  const MemoryRegion *region = nullptr;
+  uint32_t length = 0;
+  uint64_t remote_addr = 0;
+  uint32_t rkey = 0;
+  uint32_t imm = 0;
+  bool has_imm = true;
+  bool inline_data = false;  // small: the transport may copy it at post time
+  uint64_t token = 0;        // returned in the completion
+};
+
+enum class CompletionKind : uint8_t {
+  kWriteDone,   // a posted write finished (status says how)
+  kRecvImm,     // a peer's write-with-immediate arrived; one posted receive used
+};
+
+struct Completion {
+  CompletionKind kind = CompletionKind::kWriteDone;
+  int status = 0;        // 0 or a negated errno (-EIO, -ECONNRESET, ...)
+  uint64_t token = 0;    // kWriteDone: the request's token
+  uint32_t imm = 0;      // kRecvImm: host-order immediate
+  uint32_t length = 0;   // kRecvImm: bytes placed by that write
+};
+
+// Connection-management events, polled separately from data completions.
+enum class CmEventKind : uint8_t {
+  kNone,
+  kEstablished,   // peer_private_data holds the peer's connection record
+  kRejected,      // connect refused (no listener: -ECONNREFUSED) or rejected by the peer
+  kDisconnected,  // the peer (or the network) ended the connection
+  kError,
+};
+
+struct CmEvent {
+  CmEventKind kind = CmEventKind::kNone;
+  int status = 0;
+  uint8_t peer_private_data[64] = {};
+  uint32_t peer_private_len = 0;
+};
+
+class Domain;
+
+// One connected (or connecting) endpoint. Not thread-safe: the socket layer
+// serialises calls per endpoint.
+class Endpoint {
+ public:
+  virtual ~Endpoint() = default;
+
+  // Active side: start connecting; completes with a CmEvent kEstablished.
+  virtual gs_status_t connect(const sockaddr *addr, socklen_t len, const void *private_data,
+                              uint32_t private_len) = 0;
+  virtual gs_status_t post_write(const WriteRequest &request) = 0;
+  // Make room for `count` more incoming immediates (verbs: zero-SGE receives).
+  virtual gs_status_t post_recv(uint32_t count) = 0;
+  // Up to `max` data completions; returns how many, or < 0 on a fatal error.
+  virtual int poll(Completion *out, int max) = 0;
+  // At most one CM event; returns 1 if one was written, 0 if none.
+  virtual int poll_cm(CmEvent *out) = 0;
+  // Tear the connection down (after the in-band disconnect has completed).
+  virtual void disconnect() = 0;
+  // Largest write the transport posts inline (0 if none).
+  virtual uint32_t max_inline() const = 0;
+  virtual gs_status_t local_address(sockaddr_storage *out, socklen_t *len) const = 0;
+  virtual gs_status_t peer_address(sockaddr_storage *out, socklen_t *len) const = 0;
+  // An fd that becomes readable when poll/poll_cm may have something; -1 if none.
+  virtual int wait_fd() const { return -1; }
+};
+
+// A connection request seen by a listener, not yet accepted.
+class ConnectionRequest {
+ public:
+  virtual ~ConnectionRequest() = default;
+  virtual const uint8_t *private_data() const = 0;
+  virtual uint32_t private_len() const = 0;
+  // Refuse the request (the peer sees kRejected).
+  virtual void reject() = 0;
+};
+
+class Listener {
+ public:
+  virtual ~Listener() = default;
+  // Next pending request: 1 and *out set, 0 if none yet, < 0 on error.
+  virtual int get_request(std::unique_ptr<ConnectionRequest> *out) = 0;
+  virtual gs_status_t local_address(sockaddr_storage *out, socklen_t *len) const = 0;
+  virtual int wait_fd() const { return -1; }
+};
+
+// Capabilities are data, as in libfabric's *_attr.c tables.
+struct TransportCaps {
+  const char *name = "";            // "fabric:tcp", "fabric:shm", "verbs"
+  bool device_memory = false;       // can register GPU memory (FI_HMEM / dmabuf)
+  bool needs_recv_posts = true;     // immediates consume posted receives
+  bool write_with_imm = true;       // false: iWARP-style write + 4-byte send
+  uint32_t max_private_data = 0;    // bytes a connect/accept can carry
+};
+
+// A provider instance: memory registration and endpoint creation.
+class Domain {
+ public:
+  virtual ~Domain() = default;
+  virtual const TransportCaps &caps() const = 0;
+  virtual gs_status_t register_memory(void *base, size_t length, unsigned access,
+                                      MemoryRegion *out) = 0;
+  virtual void deregister_memory(MemoryRegion *region) = 0;
+  // request == nullptr: an endpoint for connect(); else one that will accept it.
+  virtual gs_status_t create_endpoint(ConnectionRequest *request, std::unique_ptr<Endpoint> *out) = 0;
+  // Passive side: accept `request` on `endpoint` with our record as private data;
+  // completes with a CmEvent kEstablished on that endpoint.
+  virtual gs_status_t accept(Endpoint *endpoint, ConnectionRequest *request, const void *private_data,
+                             uint32_t private_len) = 0;
+  virtual gs_status_t listen(const sockaddr *addr, socklen_t len, int backlog,
+                             std::unique_ptr<Listener> *out) = 0;
+};
+
+// Opens the transport named by `spec` ("verbs", "fabric:tcp", "fabric:shm"; empty:
+// GPUSOCK_TRANSPORT, else verbs if a device exists, else fabric:tcp). On failure
+// `error` says what is missing (no provider, no device).
+gs_status_t open_domain(const std::string &spec, std::unique_ptr<Domain> *out, std::string *error);
+
+}  // namespace gpusock::wire
