@@ -66,7 +66,7 @@ GS_HD const char *record_error_text(RecordError e) {
     case RecordError::kBadVersion: return "connection record version is not 1 (peer speaks another rsocket version)";
     case RecordError::kBadSglCount: return "connection record target SGL table does not have 2 entries";
     case RecordError::kNoCredits: return "connection record grants no credits";
-    case RecordError::kEmptyBuffer: return "connection record advertises an empty or unaligned receive buffer";
+    case RecordError::kEmptyBuffer: return "connection record advertises an empty, oversized or wrapping receive buffer";
   }
   return "?";
 }
@@ -92,7 +92,9 @@ GS_HD int decode_conn_record(const uint8_t *in, size_t len, ConnRecord *r, Recor
     if (r->version != kRsVersion) e = RecordError::kBadVersion;
     else if (r->target_sgl.length != kSglSize) e = RecordError::kBadSglCount;
     else if (r->credits == 0) e = RecordError::kNoCredits;
-    else if (r->data_buf.length == 0 || r->data_buf.length > kMaxDataLength) e = RecordError::kEmptyBuffer;
+    else if (r->data_buf.length == 0 || r->data_buf.length > kMaxDataLength ||
+             r->data_buf.addr > UINT64_MAX - 2 * uint64_t(r->data_buf.length))
+      e = RecordError::kEmptyBuffer;
   }
   if (why) *why = e;
   if (e == RecordError::kNone) return 0;

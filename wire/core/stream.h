@@ -61,6 +61,7 @@ struct Action {
   uint64_t remote_addr = 0;
   uint32_t rkey = 0;
   uint64_t token = 0;        // hand back in on_write_done
+  uint32_t next_olap = 0;    // core bookkeeping for commit_action; leave as is
 };
 
 enum class StreamState : uint8_t {
@@ -92,12 +93,19 @@ class Stream {
   GS_HD void request_keepalive() { keepalive_pending_ = true; }
 
   // ---- actions ----
-  // Computes the next action without changing state; false if none is due.
-  GS_HD bool peek_action(Action *out) { return produce(out, false); }
-  // Applies an action returned by peek_action once the transport has posted it.
-  GS_HD void commit_action(Action *a) { produce(a, true); }
+  // Computes the next action; false if none is due. Posts nothing and records
+  // nothing: peeking twice gives the same action. (It may adopt an advert the
+  // peer wrote into the target table, and fail the stream if that advert is
+  // hostile — reading the table is an event, not an action.)
+  GS_HD bool peek_action(Action *out) { return produce(out); }
+  // Records that the transport posted `a` (as returned by peek_action).
+  GS_HD void commit_action(const Action &a);
   // peek + commit in one step, for drivers whose posts cannot fail.
-  GS_HD bool next_action(Action *out) { return produce(out, true); }
+  GS_HD bool next_action(Action *out) {
+    if (!produce(out)) return false;
+    commit_action(*out);
+    return true;
+  }
 
   // ---- application: sending ----
   // 0 if the app may send, else -EPIPE (we shut down writing), -ECONNRESET (peer
@@ -150,14 +158,13 @@ class Stream {
     bool done;
   };
 
-  GS_HD bool produce(Action *a, bool apply);
-  GS_HD bool produce_credits(Action *a, bool apply);
-  GS_HD bool produce_data(Action *a, bool apply);
-  GS_HD bool produce_control(Action *a, bool apply);
-  GS_HD bool produce_keepalive(Action *a, bool apply);
+  GS_HD bool produce(Action *a);
+  GS_HD bool produce_credits(Action *a);
+  GS_HD bool produce_data(Action *a);
+  GS_HD bool produce_control(Action *a);
+  GS_HD bool produce_keepalive(Action *a);
   GS_HD bool sq_has_room(bool control) const;
   GS_HD bool ctrl_credit_free() const { return ctrl_outstanding_ < kQpCtrlSize; }
-  GS_HD void push_outstanding(Action *a, uint32_t bytes, uint8_t ctrl_code);
   GS_HD const SglEntry *current_slot();
   GS_HD int fail(int err, const char *why);
   GS_HD void set_disconnected();

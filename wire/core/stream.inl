@@ -99,7 +99,9 @@ GS_HD int Stream::on_recv_imm(uint32_t imm, uint32_t /*length*/) {
         readable_ = false;
         set_disconnected();
       } else if (value == kCtrlShutdown) {
-        if (writable_) readable_ = false;  // half-close: we may keep sending
+        // Half-close: we may keep sending. If our own SHUT_WR is still queued
+        // behind unsent data, it goes out later as DISCONNECT.
+        if (writable_ || !(shutdown_sent_ || disconnect_sent_)) readable_ = false;
         else set_disconnected();
       }
       return 0;  // other codes are ignored (§2.2)
@@ -138,12 +140,6 @@ GS_HD bool Stream::sq_has_room(bool control) const {
   return outstanding < (control ? sq_size_ : sq_size_ - kQpCtrlSize);
 }
 
-GS_HD void Stream::push_outstanding(Action *a, uint32_t bytes, uint8_t ctrl_code) {
-  wr_[wr_tail_ % kMaxSendQueue] = Outstanding{bytes, a->write_kind, ctrl_code, false};
-  ++wr_tail_;
-  if (a->write_kind != WriteKind::kData) ++ctrl_outstanding_;
-}
-
 GS_HD const SglEntry *Stream::current_slot() {
   SglEntry *s = &slot_[target_sge_];
   if (s->length != 0) return s;
@@ -164,20 +160,21 @@ GS_HD const SglEntry *Stream::current_slot() {
   return s;
 }
 
-GS_HD bool Stream::produce(Action *a, bool apply) {
+GS_HD bool Stream::produce(Action *a) {
   *a = Action();
   if (recv_posts_owed_ > 0 && state_ <= StreamState::kConnected) {
     a->kind = ActionKind::kPostRecv;
     a->count = recv_posts_owed_;
-    if (apply) recv_posts_owed_ = 0;
     return true;
   }
   if (state_ != StreamState::kConnected || disconnect_sent_) return false;
-  return produce_credits(a, apply) || produce_data(a, apply) || produce_control(a, apply) ||
-         produce_keepalive(a, apply);
+  if (produce_credits(a) || produce_data(a)) return true;
+  // Adopting an advert (in produce_data) may have found it hostile.
+  if (state_ != StreamState::kConnected) return false;
+  return produce_control(a) || produce_keepalive(a);
 }
 
-GS_HD bool Stream::produce_credits(Action *a, bool apply) {
+GS_HD bool Stream::produce_credits(Action *a) {
   if (!ctrl_credit_free() || !sq_has_room(true)) return false;
   const uint64_t free_bytes = rbuf_size_ - (advertised_ - recv_read_);
   const bool advert = free_bytes >= half_;
@@ -198,19 +195,10 @@ GS_HD bool Stream::produce_credits(Action *a, bool apply) {
     a->remote_addr = peer_table_.addr;  // 0 bytes: any valid target will do
   }
   a->rkey = peer_table_.key;
-  if (apply) {
-    if (advert) {
-      advertised_ += half_;
-      peer_next_slot_ = (peer_next_slot_ + 1) % kSglSize;
-    }
-    granted_ = credit;
-    rseq_comp_ = static_cast<uint16_t>(rseq_no_ + rq_size_ / 2);
-    push_outstanding(a, 0, 0);
-  }
   return true;
 }
 
-GS_HD bool Stream::produce_data(Action *a, bool apply) {
+GS_HD bool Stream::produce_data(Action *a) {
   const uint64_t pending = send_tail_ - send_posted_;
   if (pending == 0 || !sq_has_room(false) || sseq_no_ == sseq_comp_) return false;
   const SglEntry *slot = current_slot();
@@ -219,10 +207,11 @@ GS_HD bool Stream::produce_data(Action *a, bool apply) {
   // §2.6: 2 KiB first, doubling to 64 KiB; cut at the target slot's end and at
   // the send ring's wrap.
   const uint32_t left = static_cast<uint32_t>(gs_min<uint64_t>(pending, kMaxDataLength));
-  uint32_t chunk = left, next_olap = olap_;
+  uint32_t chunk = left;
+  a->next_olap = olap_;
   if (olap_ < left) {
     chunk = olap_;
-    next_olap = gs_min<uint32_t>(olap_ * 2, kMaxTransfer);
+    a->next_olap = gs_min<uint32_t>(olap_ * 2, kMaxTransfer);
   }
   const uint32_t offset = static_cast<uint32_t>(send_posted_ % sbuf_size_);
   chunk = gs_min(gs_min(chunk, slot->length), sbuf_size_ - offset);
@@ -236,28 +225,15 @@ GS_HD bool Stream::produce_data(Action *a, bool apply) {
   a->rkey = slot->key;
   a->inline_ok = chunk <= inline_size_;
   a->token = wr_tail_;
-  if (apply) {
-    SglEntry &s = slot_[target_sge_];
-    s.addr += chunk;
-    s.length -= chunk;
-    if (s.length == 0) target_sge_ = (target_sge_ + 1) % kSglSize;
-    ++sseq_no_;
-    send_posted_ += chunk;
-    olap_ = send_posted_ == send_tail_ ? kOlapStartSize : next_olap;  // a new burst starts small
-    push_outstanding(a, chunk, 0);
-  }
   return true;
 }
 
-GS_HD bool Stream::produce_control(Action *a, bool apply) {
+GS_HD bool Stream::produce_control(Action *a) {
   if (!ctrl_pending_ || send_posted_ != send_tail_) return false;  // data goes first
   if (!ctrl_credit_free() || !sq_has_room(true)) return false;
   // §3.1: SHUT_WR sends SHUTDOWN while we still read, else DISCONNECT.
   const uint8_t code = readable_ ? kCtrlShutdown : kCtrlDisconnect;
-  if (code == kCtrlShutdown && shutdown_sent_) {
-    if (apply) ctrl_pending_ = false;
-    return false;
-  }
+  if (code == kCtrlShutdown && shutdown_sent_) return false;
   a->kind = ActionKind::kWrite;
   a->write_kind = WriteKind::kControl;
   a->imm = imm_ctrl(code);
@@ -265,16 +241,10 @@ GS_HD bool Stream::produce_control(Action *a, bool apply) {
   a->rkey = peer_table_.key;
   a->inline_ok = true;
   a->token = wr_tail_;
-  if (apply) {
-    ctrl_pending_ = false;
-    if (code == kCtrlDisconnect) disconnect_sent_ = true;
-    else shutdown_sent_ = true;
-    push_outstanding(a, 0, code);
-  }
   return true;
 }
 
-GS_HD bool Stream::produce_keepalive(Action *a, bool apply) {
+GS_HD bool Stream::produce_keepalive(Action *a) {
   if (!keepalive_pending_ || !ctrl_credit_free() || !sq_has_room(true)) return false;
   a->kind = ActionKind::kWrite;
   a->write_kind = WriteKind::kKeepalive;
@@ -283,11 +253,56 @@ GS_HD bool Stream::produce_keepalive(Action *a, bool apply) {
   a->rkey = peer_table_.key;
   a->inline_ok = true;
   a->token = wr_tail_;
-  if (apply) {
-    keepalive_pending_ = false;
-    push_outstanding(a, 0, kCtrlKeepalive);
-  }
   return true;
+}
+
+// Applies exactly the action that was posted, even if events arrived between
+// peek and commit (the values come from the action, not from a recomputation).
+GS_HD void Stream::commit_action(const Action &a) {
+  if (a.kind == ActionKind::kPostRecv) {
+    recv_posts_owed_ -= gs_min(a.count, recv_posts_owed_);
+    return;
+  }
+  if (a.kind != ActionKind::kWrite) return;
+  uint32_t bytes = 0;
+  uint8_t code = 0;
+  switch (a.write_kind) {
+    case WriteKind::kCredits: {
+      if (a.length == kSglRecordSize) {
+        advertised_ += half_;
+        peer_next_slot_ = (peer_next_slot_ + 1) % kSglSize;
+      }
+      const uint16_t credit = static_cast<uint16_t>(imm_value(a.imm));
+      granted_ = credit;
+      // credit = rseq_no + rq_size at peek time; the next update is due rq_size/2 later.
+      rseq_comp_ = static_cast<uint16_t>(credit - rq_size_ + rq_size_ / 2);
+      break;
+    }
+    case WriteKind::kData: {
+      SglEntry &s = slot_[target_sge_];
+      s.addr += a.length;
+      s.length -= a.length;
+      if (s.length == 0) target_sge_ = (target_sge_ + 1) % kSglSize;
+      ++sseq_no_;
+      send_posted_ += a.length;
+      olap_ = send_posted_ == send_tail_ ? kOlapStartSize : a.next_olap;  // a new burst starts small
+      bytes = a.length;
+      break;
+    }
+    case WriteKind::kControl:
+      code = static_cast<uint8_t>(imm_value(a.imm));
+      ctrl_pending_ = false;
+      if (code == kCtrlDisconnect) disconnect_sent_ = true;
+      else shutdown_sent_ = true;
+      break;
+    case WriteKind::kKeepalive:
+      keepalive_pending_ = false;
+      code = kCtrlKeepalive;
+      break;
+  }
+  wr_[wr_tail_ % kMaxSendQueue] = Outstanding{bytes, a.write_kind, code, false};
+  ++wr_tail_;
+  if (a.write_kind != WriteKind::kData) ++ctrl_outstanding_;
 }
 
 GS_HD int Stream::send_status() const {
