@@ -126,6 +126,14 @@ class Listener {
   virtual int wait_fd() const { return -1; }
 };
 
+// Queue depths the protocol core needs from an endpoint (its sq_size, its
+// receive posts, its inline threshold); a transport may round them up.
+struct EndpointAttr {
+  uint32_t send_depth = 1024;
+  uint32_t recv_depth = 1024;
+  uint32_t inline_size = 64;
+};
+
 // Capabilities are data, as in libfabric's *_attr.c tables.
 struct TransportCaps {
   const char *name = "";            // "fabric:tcp", "fabric:shm", "verbs"
@@ -145,6 +153,11 @@ class Domain {
   virtual void deregister_memory(MemoryRegion *region) = 0;
   // request == nullptr: an endpoint for connect(); else one that will accept it.
   virtual gs_status_t create_endpoint(ConnectionRequest *request, std::unique_ptr<Endpoint> *out) = 0;
+  // The same, sized for the core's queues; transports that size nothing ignore it.
+  virtual gs_status_t create_endpoint(ConnectionRequest *request, const EndpointAttr &,
+                                      std::unique_ptr<Endpoint> *out) {
+    return create_endpoint(request, out);
+  }
   // Passive side: accept `request` on `endpoint` with our record as private data;
   // completes with a CmEvent kEstablished on that endpoint.
   virtual gs_status_t accept(Endpoint *endpoint, ConnectionRequest *request, const void *private_data,

@@ -1,0 +1,492 @@
+// The verbs transport: rdma_cm in the RDMA_PS_TCP port space and RC queue
+// pairs, set up exactly as rdma-core's rsocket does (rsocket-wire.md §1), so an
+// unmodified rsocket peer sees nothing unusual. It executes the core's actions
+// and holds no protocol logic.
+#include "wire/verbs/verbs_transport.h"
+
+#include <arpa/inet.h>
+#include <endian.h>
+#include <fcntl.h>
+#include <infiniband/verbs.h>
+#include <rdma/rdma_cma.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+namespace gpusock::wire::verbs {
+namespace {
+
+constexpr int kResolveTimeoutMs = 2000;
+constexpr uint32_t kDefaultInline = 64;
+constexpr int kPostRecvBatch = 64;
+
+const TransportCaps kVerbsCaps = {
+    .name = "verbs",
+    .device_memory = false,  // dmabuf / peer memory registration comes with the GPU work
+    .needs_recv_posts = true,
+    .write_with_imm = true,
+    .max_private_data = 56,  // IB CM REQ user data after rdma_cm's 36-byte header
+};
+
+int set_nonblocking(int fd) {
+  const int flags = fcntl(fd, F_GETFL);
+  return flags < 0 ? -errno : (fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0 ? -errno : 0);
+}
+
+socklen_t sockaddr_len(const sockaddr *sa) {
+  return sa->sa_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
+}
+
+void copy_addr(const sockaddr *sa, sockaddr_storage *out, socklen_t *len) {
+  const socklen_t n = sockaddr_len(sa);
+  std::memcpy(out, sa, n);
+  *len = n;
+}
+
+// rsocket's connection parameters (§1.4 step 4, §9.2).
+rdma_conn_param rsocket_conn_param(const void *private_data, uint32_t private_len) {
+  rdma_conn_param p{};
+  p.private_data = private_data;
+  p.private_data_len = static_cast<uint8_t>(private_len);
+  p.responder_resources = 0;
+  p.initiator_depth = 0;
+  p.flow_control = 1;
+  p.retry_count = 7;
+  p.rnr_retry_count = 7;  // 7 = retry for ever on RNR NAK
+  return p;
+}
+
+int status_of_cm_failure(rdma_cm_event_type type) {
+  switch (type) {
+    case RDMA_CM_EVENT_REJECTED: return -ECONNREFUSED;
+    case RDMA_CM_EVENT_ADDR_ERROR: return -EADDRNOTAVAIL;
+    case RDMA_CM_EVENT_ROUTE_ERROR: return -ENETUNREACH;
+    case RDMA_CM_EVENT_UNREACHABLE: return -EHOSTUNREACH;
+    case RDMA_CM_EVENT_CONNECT_ERROR: return -ECONNREFUSED;
+    default: return -EIO;
+  }
+}
+
+class VerbsDomain;
+
+class VerbsRequest final : public ConnectionRequest {
+ public:
+  VerbsRequest(rdma_cm_id *id, const rdma_conn_param &param) : id_(id), param_(param) {
+    len_ = std::min<uint32_t>(param.private_data_len, sizeof data_);
+    if (param.private_data) std::memcpy(data_, param.private_data, len_);
+    param_.private_data = nullptr;
+    param_.private_data_len = 0;
+  }
+  ~VerbsRequest() override {
+    if (id_) {
+      rdma_reject(id_, nullptr, 0);
+      rdma_destroy_id(id_);
+    }
+  }
+  const uint8_t *private_data() const override { return data_; }
+  uint32_t private_len() const override { return len_; }
+  void reject() override {
+    if (!id_) return;
+    rdma_reject(id_, nullptr, 0);  // §1.5: a bad record is rejected with no data
+    rdma_destroy_id(id_);
+    id_ = nullptr;
+  }
+  rdma_cm_id *take_id() {
+    rdma_cm_id *id = id_;
+    id_ = nullptr;
+    return id;
+  }
+  const rdma_conn_param &param() const { return param_; }
+
+ private:
+  rdma_cm_id *id_;
+  rdma_conn_param param_;
+  uint8_t data_[256] = {};
+  uint32_t len_ = 0;
+};
+
+class VerbsEndpoint final : public Endpoint {
+ public:
+  VerbsEndpoint(VerbsDomain *domain, const EndpointAttr &attr) : domain_(domain), attr_(attr) {}
+  ~VerbsEndpoint() override { destroy(); }
+
+  int init_active();
+  int init_passive(VerbsRequest *request);
+  int accept(VerbsRequest *request, const void *private_data, uint32_t private_len);
+
+  gs_status_t connect(const sockaddr *addr, socklen_t len, const void *private_data,
+                      uint32_t private_len) override {
+    if (!id_ || private_len > sizeof private_) return -EINVAL;
+    std::memcpy(private_, private_data, private_len);
+    private_len_ = private_len;
+    copy_addr(addr, &peer_, &peer_len_);
+    (void)len;
+    if (rdma_resolve_addr(id_, nullptr, const_cast<sockaddr *>(addr), kResolveTimeoutMs)) return -errno;
+    return 0;
+  }
+
+  gs_status_t post_write(const WriteRequest &r) override {
+    if (!qp_) return -ENOTCONN;
+    ibv_sge sge{};
+    ibv_send_wr wr{}, *bad = nullptr;
+    wr.wr_id = r.token;
+    wr.opcode = r.has_imm ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE;
+    if (r.has_imm) wr.imm_data = htobe32(r.imm);
+    wr.wr.rdma.remote_addr = r.remote_addr;
+    wr.wr.rdma.rkey = r.rkey;
+    if (r.length > 0) {
+      sge.addr = reinterpret_cast<uintptr_t>(r.local);
+      sge.length = r.length;
+      sge.lkey = r.region ? static_cast<ibv_mr *>(r.region->desc)->lkey : 0;
+      wr.sg_list = &sge;
+      wr.num_sge = 1;
+      if (r.inline_data && r.length <= max_inline_) wr.send_flags = IBV_SEND_INLINE;
+    }
+    const int rc = ibv_post_send(qp_, &wr, &bad);
+    return rc == 0 ? 0 : (rc == ENOMEM ? -EAGAIN : -rc);
+  }
+
+  gs_status_t post_recv(uint32_t count) override {
+    if (!qp_) {  // before the QP exists (active side): post once it does
+      deferred_recvs_ += count;
+      return 0;
+    }
+    // §1.6: receives carry no scatter entries; immediates need no buffer.
+    ibv_recv_wr wrs[kPostRecvBatch]{};
+    while (count > 0) {
+      const int n = static_cast<int>(std::min<uint32_t>(count, kPostRecvBatch));
+      for (int i = 0; i < n; ++i) {
+        wrs[i].wr_id = 0;
+        wrs[i].num_sge = 0;
+        wrs[i].next = i + 1 < n ? &wrs[i + 1] : nullptr;
+      }
+      ibv_recv_wr *bad = nullptr;
+      const int rc = ibv_post_recv(qp_, wrs, &bad);
+      if (rc) return rc == ENOMEM ? -EAGAIN : -rc;
+      count -= static_cast<uint32_t>(n);
+    }
+    return 0;
+  }
+
+  int poll(Completion *out, int max) override {
+    if (!cq_) return 0;
+    ibv_wc wc[32];
+    const int n = ibv_poll_cq(cq_, std::min(max, 32), wc);
+    if (n < 0) return -EIO;
+    for (int i = 0; i < n; ++i) {
+      Completion &c = out[i];
+      c = Completion{};
+      c.status = wc[i].status == IBV_WC_SUCCESS ? 0 : (wc[i].status == IBV_WC_WR_FLUSH_ERR ? -ECONNRESET : -EIO);
+      if (wc[i].opcode & IBV_WC_RECV) {
+        c.kind = CompletionKind::kRecvImm;
+        c.imm = be32toh(wc[i].imm_data);
+        c.length = wc[i].byte_len;
+      } else {
+        c.kind = CompletionKind::kWriteDone;
+        c.token = wc[i].wr_id;
+      }
+    }
+    return n;
+  }
+
+  int poll_cm(CmEvent *out) override;
+  void disconnect() override {
+    if (id_ && connected_) rdma_disconnect(id_);  // DREQ; the QP goes to error
+    connected_ = false;
+  }
+  uint32_t max_inline() const override { return max_inline_; }
+  gs_status_t local_address(sockaddr_storage *out, socklen_t *len) const override {
+    if (!id_) return -ENOTCONN;
+    copy_addr(rdma_get_local_addr(id_), out, len);
+    return 0;
+  }
+  gs_status_t peer_address(sockaddr_storage *out, socklen_t *len) const override {
+    if (!id_) return -ENOTCONN;
+    copy_addr(rdma_get_peer_addr(id_), out, len);
+    return 0;
+  }
+  int wait_fd() const override { return channel_ ? channel_->fd : -1; }
+
+ private:
+  int create_qp();
+  void destroy() {
+    if (id_ && connected_) rdma_disconnect(id_);
+    if (qp_) rdma_destroy_qp(id_);
+    qp_ = nullptr;
+    if (cq_) ibv_destroy_cq(cq_);
+    cq_ = nullptr;
+    if (id_) rdma_destroy_id(id_);
+    id_ = nullptr;
+    if (channel_) rdma_destroy_event_channel(channel_);
+    channel_ = nullptr;
+  }
+
+  VerbsDomain *domain_;
+  EndpointAttr attr_;
+  rdma_event_channel *channel_ = nullptr;
+  rdma_cm_id *id_ = nullptr;
+  ibv_cq *cq_ = nullptr;
+  ibv_qp *qp_ = nullptr;
+  uint32_t max_inline_ = 0;
+  uint32_t deferred_recvs_ = 0;
+  bool connected_ = false;
+  uint8_t private_[64] = {};
+  uint32_t private_len_ = 0;
+  sockaddr_storage peer_{};
+  socklen_t peer_len_ = 0;
+};
+
+class VerbsListener final : public Listener {
+ public:
+  ~VerbsListener() override {
+    if (id_) rdma_destroy_id(id_);
+    if (channel_) rdma_destroy_event_channel(channel_);
+  }
+  int open(const sockaddr *addr, int backlog) {
+    channel_ = rdma_create_event_channel();
+    if (!channel_) return -errno;
+    if (int rc = set_nonblocking(channel_->fd); rc < 0) return rc;
+    if (rdma_create_id(channel_, &id_, nullptr, RDMA_PS_TCP)) return -errno;
+    if (rdma_bind_addr(id_, const_cast<sockaddr *>(addr))) return -errno;
+    if (rdma_listen(id_, backlog)) return -errno;
+    return 0;
+  }
+  int get_request(std::unique_ptr<ConnectionRequest> *out) override {
+    for (;;) {
+      rdma_cm_event *event = nullptr;
+      if (rdma_get_cm_event(channel_, &event)) return errno == EAGAIN ? 0 : -errno;
+      if (event->event != RDMA_CM_EVENT_CONNECT_REQUEST) {
+        rdma_ack_cm_event(event);
+        continue;
+      }
+      auto request = std::make_unique<VerbsRequest>(event->id, event->param.conn);
+      rdma_ack_cm_event(event);
+      *out = std::move(request);
+      return 1;
+    }
+  }
+  gs_status_t local_address(sockaddr_storage *out, socklen_t *len) const override {
+    copy_addr(rdma_get_local_addr(id_), out, len);
+    return 0;
+  }
+  int wait_fd() const override { return channel_->fd; }
+
+ private:
+  rdma_event_channel *channel_ = nullptr;
+  rdma_cm_id *id_ = nullptr;
+};
+
+class VerbsDomain final : public Domain {
+ public:
+  ~VerbsDomain() override {
+    if (pd_) ibv_dealloc_pd(pd_);
+    if (devices_) rdma_free_devices(devices_);
+  }
+
+  int open(std::string *error) {
+    int n = 0;
+    devices_ = rdma_get_devices(&n);
+    if (!devices_ || n == 0) {
+      *error = "gpusock: transport 'verbs' unavailable: no RDMA device (rdma_get_devices found none; "
+               "load rdma_rxe and create an rxe device, or choose GPUSOCK_TRANSPORT=fabric:tcp)";
+      return -ENODEV;
+    }
+    const char *wanted = std::getenv("GPUSOCK_VERBS_DEVICE");
+    for (int i = 0; i < n && !context_; ++i)
+      if (!wanted || !std::strcmp(ibv_get_device_name(devices_[i]->device), wanted)) context_ = devices_[i];
+    if (!context_) {
+      *error = std::string("gpusock: GPUSOCK_VERBS_DEVICE=") + wanted + " names no RDMA device";
+      return -ENODEV;
+    }
+    if (context_->device->transport_type == IBV_TRANSPORT_IWARP) {
+      *error = "gpusock: iWARP devices (rsocket's write + 4-byte send variant) are not supported yet";
+      return -ENOTSUP;
+    }
+    if (ibv_query_device(context_, &attr_)) {
+      *error = "gpusock: ibv_query_device failed";
+      return -errno;
+    }
+    pd_ = ibv_alloc_pd(context_);
+    if (!pd_) {
+      *error = "gpusock: ibv_alloc_pd failed";
+      return -ENOMEM;
+    }
+    return 0;
+  }
+
+  const TransportCaps &caps() const override { return kVerbsCaps; }
+
+  gs_status_t register_memory(void *base, size_t length, unsigned access, MemoryRegion *out) override {
+    int flags = IBV_ACCESS_LOCAL_WRITE;
+    if (access & kAccessRemoteWrite) flags |= IBV_ACCESS_REMOTE_WRITE;
+    ibv_mr *mr = ibv_reg_mr(pd_, base, length, flags);
+    if (!mr) return errno ? -errno : -ENOMEM;
+    *out = MemoryRegion{base, length, reinterpret_cast<uintptr_t>(base), mr->rkey, mr, mr};
+    return 0;
+  }
+  void deregister_memory(MemoryRegion *region) override {
+    if (region->handle) ibv_dereg_mr(static_cast<ibv_mr *>(region->handle));
+    region->handle = nullptr;
+  }
+
+  gs_status_t create_endpoint(ConnectionRequest *request, std::unique_ptr<Endpoint> *out) override {
+    return create_endpoint(request, EndpointAttr{}, out);
+  }
+  gs_status_t create_endpoint(ConnectionRequest *request, const EndpointAttr &attr,
+                              std::unique_ptr<Endpoint> *out) override {
+    auto ep = std::make_unique<VerbsEndpoint>(this, attr);
+    const int rc = request ? ep->init_passive(static_cast<VerbsRequest *>(request)) : ep->init_active();
+    if (rc < 0) return rc;
+    *out = std::move(ep);
+    return 0;
+  }
+  gs_status_t accept(Endpoint *endpoint, ConnectionRequest *request, const void *private_data,
+                     uint32_t private_len) override {
+    return static_cast<VerbsEndpoint *>(endpoint)->accept(static_cast<VerbsRequest *>(request), private_data,
+                                                         private_len);
+  }
+  gs_status_t listen(const sockaddr *addr, socklen_t, int backlog, std::unique_ptr<Listener> *out) override {
+    auto listener = std::make_unique<VerbsListener>();
+    if (int rc = listener->open(addr, backlog); rc < 0) return rc;
+    *out = std::move(listener);
+    return 0;
+  }
+
+  ibv_pd *pd() const { return pd_; }
+  ibv_context *context() const { return context_; }
+  const ibv_device_attr &device_attr() const { return attr_; }
+
+ private:
+  ibv_context **devices_ = nullptr;
+  ibv_context *context_ = nullptr;
+  ibv_device_attr attr_{};
+  ibv_pd *pd_ = nullptr;
+};
+
+int VerbsEndpoint::init_active() {
+  channel_ = rdma_create_event_channel();
+  if (!channel_) return -errno;
+  if (int rc = set_nonblocking(channel_->fd); rc < 0) return rc;
+  if (rdma_create_id(channel_, &id_, this, RDMA_PS_TCP)) return -errno;
+  return 0;
+}
+
+int VerbsEndpoint::init_passive(VerbsRequest *request) {
+  channel_ = rdma_create_event_channel();
+  if (!channel_) return -errno;
+  if (int rc = set_nonblocking(channel_->fd); rc < 0) return rc;
+  id_ = request->take_id();
+  if (rdma_migrate_id(id_, channel_)) return -errno;  // events of this connection come here
+  return create_qp();  // §1.5 step 4: QP and receives exist before the reply
+}
+
+int VerbsEndpoint::create_qp() {
+  if (id_->verbs != domain_->context()) return -EXDEV;  // registered memory belongs to the domain's device
+  const auto &dev = domain_->device_attr();
+  const int max_wr = dev.max_qp_wr > 0 ? dev.max_qp_wr : 1024;
+  const int send_depth = std::min<int>(static_cast<int>(attr_.send_depth), max_wr);
+  const int recv_depth = std::min<int>(static_cast<int>(attr_.recv_depth), max_wr);
+  cq_ = ibv_create_cq(id_->verbs, send_depth + recv_depth, nullptr, nullptr, 0);
+  if (!cq_) return -ENOMEM;
+  ibv_qp_init_attr qa{};
+  qa.send_cq = qa.recv_cq = cq_;
+  qa.qp_type = IBV_QPT_RC;
+  qa.sq_sig_all = 1;  // §1.6: every send signalled
+  qa.cap.max_send_wr = static_cast<uint32_t>(send_depth);
+  qa.cap.max_recv_wr = static_cast<uint32_t>(recv_depth);
+  qa.cap.max_send_sge = 2;
+  qa.cap.max_recv_sge = 1;
+  qa.cap.max_inline_data = attr_.inline_size ? attr_.inline_size : kDefaultInline;
+  if (rdma_create_qp(id_, domain_->pd(), &qa)) return -errno;
+  qp_ = id_->qp;
+  max_inline_ = qa.cap.max_inline_data;  // what the provider granted
+  const uint32_t deferred = deferred_recvs_;
+  deferred_recvs_ = 0;
+  return deferred ? post_recv(deferred) : 0;
+}
+
+int VerbsEndpoint::accept(VerbsRequest *request, const void *private_data, uint32_t private_len) {
+  // §1.5 step 6: accept with the request's own parameters, our record as data.
+  rdma_conn_param param = request->param();
+  param.private_data = private_data;
+  param.private_data_len = static_cast<uint8_t>(private_len);
+  if (rdma_accept(id_, &param)) return -errno;
+  return 0;
+}
+
+int VerbsEndpoint::poll_cm(CmEvent *out) {
+  if (!channel_) return 0;
+  rdma_cm_event *event = nullptr;
+  if (rdma_get_cm_event(channel_, &event)) return 0;
+  const rdma_cm_event_type type = event->event;
+  *out = CmEvent{};
+  int result = 1;
+  switch (type) {
+    case RDMA_CM_EVENT_ADDR_RESOLVED:
+      if (rdma_resolve_route(id_, kResolveTimeoutMs)) {
+        out->kind = CmEventKind::kRejected;
+        out->status = -errno;
+      } else {
+        result = 0;
+      }
+      break;
+    case RDMA_CM_EVENT_ROUTE_RESOLVED: {
+      int rc = create_qp();
+      if (rc == 0) {
+        rdma_conn_param param = rsocket_conn_param(private_, private_len_);
+        if (rdma_connect(id_, &param)) rc = -errno;
+      }
+      if (rc < 0) {
+        out->kind = CmEventKind::kRejected;
+        out->status = rc;
+      } else {
+        result = 0;
+      }
+      break;
+    }
+    case RDMA_CM_EVENT_ESTABLISHED: {
+      connected_ = true;
+      out->kind = CmEventKind::kEstablished;
+      const auto &conn = event->param.conn;
+      out->peer_private_len = std::min<uint32_t>(conn.private_data_len, sizeof out->peer_private_data);
+      if (conn.private_data) std::memcpy(out->peer_private_data, conn.private_data, out->peer_private_len);
+      break;
+    }
+    case RDMA_CM_EVENT_DISCONNECTED:
+      out->kind = CmEventKind::kDisconnected;
+      out->status = -ECONNRESET;
+      if (connected_) rdma_disconnect(id_);
+      connected_ = false;
+      break;
+    case RDMA_CM_EVENT_DEVICE_REMOVAL:
+      out->kind = CmEventKind::kError;
+      out->status = -ENODEV;
+      break;
+    case RDMA_CM_EVENT_REJECTED:
+    case RDMA_CM_EVENT_ADDR_ERROR:
+    case RDMA_CM_EVENT_ROUTE_ERROR:
+    case RDMA_CM_EVENT_UNREACHABLE:
+    case RDMA_CM_EVENT_CONNECT_ERROR:
+      out->kind = CmEventKind::kRejected;
+      out->status = status_of_cm_failure(type);
+      break;
+    default:
+      result = 0;  // TIMEWAIT_EXIT and friends: nothing for the caller
+      break;
+  }
+  rdma_ack_cm_event(event);
+  return result;
+}
+
+}  // namespace
+
+gs_status_t open_verbs_domain(std::unique_ptr<Domain> *out, std::string *error) {
+  auto domain = std::make_unique<VerbsDomain>();
+  if (int rc = domain->open(error); rc < 0) return rc;
+  *out = std::move(domain);
+  return 0;
+}
+
+}  // namespace gpusock::wire::verbs
