@@ -1,0 +1,67 @@
+// Provider capability table (see fabric_attr.h). Facts are for libfabric 1.17:
+//
+// tcp  (prov/tcp, "tcpx"): FI_EP_MSG over one kernel TCP socket per endpoint.
+//      mode 0 (no FI_RX_CQ_DATA: a write with remote CQ data needs no posted
+//      receive), mr_mode 0 (scalable: the peer addresses a region by its
+//      0-based offset, keys are ours), inject_size 128, tx/rx size 256,
+//      cq_data_size 8, CM private data up to 256 bytes. No FI_HMEM.
+// shm  (prov/shm): FI_EP_RDM over a /dev/shm region per endpoint, RMA through
+//      CMA (process_vm_writev) or the region's bounce buffers. mode 0,
+//      mr_mode FI_MR_VIRT_ADDR when offered (keys are ours), inject_size 4096
+//      (0 when FI_HMEM is asked for), tx/rx size 1024, cq_data_size 8,
+//      FI_PROGRESS_MANUAL data progress, no CM: gpusock carries its own
+//      handshake (fabric_rdm.cc) and private data in it. FI_HMEM capable.
+#include "wire/fabric/fabric_attr.h"
+
+#include <rdma/fi_domain.h>
+
+namespace gpusock::wire::fabric {
+
+namespace {
+constexpr uint64_t kOfferedMrMode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
+}  // namespace
+
+const ProviderAttr kProviderAttrs[] = {
+    {
+        .spec = "fabric:tcp",
+        .prov_name = "tcp",
+        .ep_type = FI_EP_MSG,
+        .device_memory = false,
+        .imm_consumes_recv = false,
+        .max_private_data = 64,
+        .mr_mode = kOfferedMrMode,
+        .mode = FI_RX_CQ_DATA,
+        .tx_size = 0,
+        .rx_size = 0,
+    },
+    {
+        .spec = "fabric:shm",
+        .prov_name = "shm",
+        .ep_type = FI_EP_RDM,
+        .device_memory = true,
+        .imm_consumes_recv = false,
+        .max_private_data = 64,
+        .mr_mode = kOfferedMrMode,
+        // FI_RX_CQ_DATA is not offered for RDM: our handshake messages share the
+        // receive queue, and zero-length receives would swallow them.
+        .mode = 0,
+        // The default 1024 on purpose: shm rounds its region up to 16 MiB and
+        // zero-fills (strncpy) from the name to the end, so smaller queues touch
+        // *more* /dev/shm pages (3.8 MiB per endpoint at 1024, 6 MiB at 512,
+        // 7.9 MiB at 64). A write with immediate takes 2 of the peer's command
+        // slots.
+        .tx_size = 0,
+        .rx_size = 0,
+    },
+};
+
+const size_t kProviderAttrCount = sizeof(kProviderAttrs) / sizeof(kProviderAttrs[0]);
+
+const ProviderAttr *find_provider_attr(std::string_view spec) {
+  for (size_t i = 0; i < kProviderAttrCount; ++i) {
+    if (spec == kProviderAttrs[i].spec) return &kProviderAttrs[i];
+  }
+  return nullptr;
+}
+
+}  // namespace gpusock::wire::fabric

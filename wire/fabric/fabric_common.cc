@@ -1,0 +1,225 @@
+#include "wire/fabric/fabric_common.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+namespace gpusock::wire::fabric {
+
+int fi_status(int64_t fi_ret) {
+  if (fi_ret >= 0) return static_cast<int>(fi_ret);
+  const int64_t code = -fi_ret;
+  if (code < FI_ERRNO_OFFSET) return static_cast<int>(-code);  // FI_E* below 256 are errno values
+  switch (code) {
+    case FI_ETOOSMALL: return -ENOBUFS;
+    case FI_EOPBADSTATE: return -ENOTCONN;
+    case FI_EBADFLAGS: return -EINVAL;
+    case FI_ENOEQ:
+    case FI_EDOMAIN:
+    case FI_ENOCQ:
+    case FI_ENOAV: return -EINVAL;
+    case FI_ETRUNC: return -EMSGSIZE;
+    case FI_ENOKEY: return -EKEYREJECTED;
+    case FI_EOVERRUN: return -EOVERFLOW;
+    case FI_ENORX: return -ENOBUFS;
+    case FI_EAVAIL:
+    case FI_ECRC:
+    case FI_EOTHER:
+    default: return -EIO;
+  }
+}
+
+std::string fi_error_text(int64_t fi_ret) {
+  const int code = static_cast<int>(fi_ret < 0 ? -fi_ret : fi_ret);
+  return fi_strerror(code);
+}
+
+gs_status_t TxRing::init(size_t capacity) {
+  size_t size = 1;
+  while (size < capacity) size <<= 1;
+  slots_.reset(new (std::nothrow) Slot[size]);
+  if (!slots_) return -ENOMEM;
+  mask_ = size - 1;
+  head_ = tail_ = 0;
+  return 0;
+}
+
+void TxRing::fail_all(int status) {
+  for (uint64_t i = head_; i != tail_; ++i) {
+    Slot &slot = slots_[i & mask_];
+    if (!slot.done) {
+      slot.status = status;
+      slot.done = true;
+    }
+  }
+}
+
+FabricDomainBase::~FabricDomainBase() {
+  close_fid(domain_);
+  close_fid(fabric_);
+}
+
+namespace {
+
+bool env_true(const char *name) {
+  const char *value = std::getenv(name);
+  return value != nullptr && value[0] != '\0' && std::strcmp(value, "0") != 0;
+}
+
+}  // namespace
+
+gs_status_t FabricDomainBase::open_base(std::string *error) {
+  InfoPtr hints(fi_allocinfo());
+  if (!hints) return -ENOMEM;
+  // Device memory (FI_HMEM) costs shm its inject path (inject_size 0), and the
+  // Debian build of libfabric 1.17 has no CUDA support, so it is opt-in.
+  const bool want_hmem = attr_.device_memory && env_true("GPUSOCK_FABRIC_HMEM");
+  hints->ep_attr->type = attr_.ep_type;
+  hints->caps = FI_MSG | FI_RMA | FI_WRITE | FI_REMOTE_WRITE | (want_hmem ? FI_HMEM : 0);
+  hints->mode = attr_.mode;
+  hints->domain_attr->mr_mode = static_cast<int>(attr_.mr_mode | (want_hmem ? FI_MR_HMEM : 0));
+  hints->domain_attr->threading = FI_THREAD_SAFE;
+  hints->fabric_attr->prov_name = strdup(attr_.prov_name);
+  if (attr_.tx_size != 0) hints->tx_attr->size = attr_.tx_size;
+  if (attr_.rx_size != 0) hints->rx_attr->size = attr_.rx_size;
+
+  fi_info *list = nullptr;
+  int ret = fi_getinfo(FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION), nullptr, nullptr, 0, hints.get(), &list);
+  if (ret != 0) {
+    if (error != nullptr) {
+      *error = std::string("gpusock: libfabric provider '") + attr_.prov_name + "' not available (fi_getinfo: " +
+               fi_error_text(ret) + ")";
+    }
+    return ret == -FI_ENODATA ? -ENOENT : fi_status(ret);
+  }
+  InfoPtr all(list);
+  // Prefer an entry that keeps the inject path (shm lists an FI_HMEM variant
+  // with inject_size 0 even when FI_HMEM was not asked for).
+  const fi_info *chosen = nullptr;
+  for (const fi_info *cur = list; cur != nullptr; cur = cur->next) {
+    const bool hmem = (cur->caps & FI_HMEM) != 0;
+    if (hmem != want_hmem) continue;
+    if (chosen == nullptr || (chosen->tx_attr->inject_size == 0 && cur->tx_attr->inject_size > 0)) chosen = cur;
+  }
+  if (chosen == nullptr) chosen = list;
+  if (chosen->domain_attr->cq_data_size < 4) {
+    if (error != nullptr) {
+      *error = std::string("gpusock: libfabric provider '") + attr_.prov_name +
+               "' cannot carry a 32-bit immediate (cq_data_size " +
+               std::to_string(chosen->domain_attr->cq_data_size) + ")";
+    }
+    return -ENOTSUP;
+  }
+  if ((chosen->domain_attr->mr_mode & FI_MR_ENDPOINT) != 0) {
+    if (error != nullptr) *error = "gpusock: provider needs FI_MR_ENDPOINT, which gpusock does not offer";
+    return -ENOTSUP;
+  }
+  info_.reset(fi_dupinfo(chosen));
+  if (!info_) return -ENOMEM;
+
+  ret = fi_fabric(info_->fabric_attr, &fabric_, nullptr);
+  if (ret != 0) {
+    if (error != nullptr) *error = std::string("gpusock: fi_fabric(") + attr_.prov_name + "): " + fi_error_text(ret);
+    return fi_status(ret);
+  }
+  ret = fi_domain(fabric_, info_.get(), &domain_, nullptr);
+  if (ret != 0) {
+    if (error != nullptr) *error = std::string("gpusock: fi_domain(") + attr_.prov_name + "): " + fi_error_text(ret);
+    return fi_status(ret);
+  }
+
+  rx_cq_data_ = (info_->mode & FI_RX_CQ_DATA) != 0;
+  length_in_cq_data_ = info_->domain_attr->cq_data_size >= 8;
+  inject_size_ = static_cast<uint32_t>(std::min<size_t>(info_->tx_attr->inject_size, UINT32_MAX));
+  caps_.name = attr_.spec;
+  caps_.device_memory = want_hmem && (info_->caps & FI_HMEM) != 0;
+  caps_.needs_recv_posts = rx_cq_data_ || attr_.imm_consumes_recv;
+  caps_.write_with_imm = true;
+  caps_.max_private_data = std::min<uint32_t>(attr_.max_private_data, sizeof(CmEvent{}.peer_private_data));
+  return 0;
+}
+
+gs_status_t FabricDomainBase::register_memory(void *base, size_t length, unsigned access, MemoryRegion *out) {
+  if (out == nullptr || (base == nullptr && length != 0)) return -EINVAL;
+  uint64_t fi_access = FI_READ | FI_WRITE | FI_SEND | FI_RECV;
+  if ((access & kAccessRemoteWrite) != 0) fi_access |= FI_REMOTE_WRITE | FI_REMOTE_READ;
+  const uint64_t mr_mode = static_cast<uint64_t>(info_->domain_attr->mr_mode);
+
+  fid_mr *mr = nullptr;
+  int ret = -FI_ENOKEY;
+  // Keys come from a per-domain counter so that they fit the 32 bits the rsocket
+  // record carries; a key still in use (after wrap-around) is skipped.
+  for (int attempt = 0; attempt < 16 && ret == -FI_ENOKEY; ++attempt) {
+    uint64_t key = next_key_.fetch_add(1, std::memory_order_relaxed) & 0xffffffffu;
+    if (key == 0) key = next_key_.fetch_add(1, std::memory_order_relaxed) & 0xffffffffu;
+    ret = fi_mr_reg(domain_, base, length, fi_access, 0, key, 0, &mr, nullptr);
+  }
+  if (ret != 0) return fi_status(ret);
+
+  const uint64_t key = fi_mr_key(mr);
+  if (key == FI_KEY_NOTAVAIL || key > UINT32_MAX) {
+    // A provider key that does not fit the record's 32 bits (FI_MR_PROV_KEY).
+    fi_close(&mr->fid);
+    return -EOVERFLOW;
+  }
+  out->base = base;
+  out->length = length;
+  out->remote_addr = (mr_mode & FI_MR_VIRT_ADDR) != 0 ? reinterpret_cast<uintptr_t>(base) : 0;
+  out->rkey = static_cast<uint32_t>(key);
+  out->desc = fi_mr_desc(mr);
+  out->handle = mr;
+  return 0;
+}
+
+void FabricDomainBase::deregister_memory(MemoryRegion *region) {
+  if (region == nullptr || region->handle == nullptr) return;
+  fi_close(&static_cast<fid_mr *>(region->handle)->fid);
+  region->handle = nullptr;
+  region->desc = nullptr;
+}
+
+socklen_t sockaddr_len(const sockaddr *addr) {
+  if (addr == nullptr) return 0;
+  switch (addr->sa_family) {
+    case AF_INET: return sizeof(sockaddr_in);
+    case AF_INET6: return sizeof(sockaddr_in6);
+    default: return 0;
+  }
+}
+
+bool copy_sockaddr(const sockaddr *addr, socklen_t len, sockaddr_storage *out) {
+  const socklen_t need = sockaddr_len(addr);
+  if (need == 0 || len < need) return false;
+  std::memset(out, 0, sizeof(*out));
+  std::memcpy(out, addr, need);
+  return true;
+}
+
+gs_status_t output_sockaddr(const sockaddr_storage &addr, sockaddr_storage *out, socklen_t *len) {
+  const socklen_t need = sockaddr_len(reinterpret_cast<const sockaddr *>(&addr));
+  if (need == 0) return -ENOTCONN;
+  if (out != nullptr) std::memcpy(out, &addr, need);
+  if (len != nullptr) *len = need;
+  return 0;
+}
+
+gs_status_t open_fabric_domain(std::string_view spec, std::unique_ptr<Domain> *out, std::string *error) {
+  const ProviderAttr *attr = find_provider_attr(spec);
+  if (attr == nullptr) {
+    if (error != nullptr) *error = "gpusock: unknown libfabric transport '" + std::string(spec) + "'";
+    return -EINVAL;
+  }
+  switch (attr->ep_type) {
+    case FI_EP_MSG: return open_msg_domain(*attr, out, error);
+    case FI_EP_RDM: return open_rdm_domain(*attr, out, error);
+    default:
+      if (error != nullptr) *error = "gpusock: unsupported endpoint type for " + std::string(spec);
+      return -ENOTSUP;
+  }
+}
+
+}  // namespace gpusock::wire::fabric
