@@ -22,6 +22,10 @@ struct StreamConfig {
   uint16_t sq_size = kDefaultSqSize;     // clamped to [kQpMinSize, kMaxSendQueue]
   uint16_t rq_size = kDefaultRqSize;     // clamped to [kQpMinSize, kQpMaxSize]; = credits granted
   uint32_t inline_size = kDefaultInline;
+  // iWARP (§2.11, RS_OPT_MSG_SEND): the transport has no write-with-immediate and
+  // sends each message as a write plus a 4-byte send, so every message takes two
+  // send-queue slots and two control credits.
+  bool msg_send = false;
 };
 
 // Where the peer must write: our receive ring and target table, as registered.
@@ -164,7 +168,7 @@ class Stream {
   GS_HD bool produce_control(Action *a);
   GS_HD bool produce_keepalive(Action *a);
   GS_HD bool sq_has_room(bool control) const;
-  GS_HD bool ctrl_credit_free() const { return ctrl_outstanding_ < kQpCtrlSize; }
+  GS_HD bool ctrl_credit_free() const { return (ctrl_outstanding_ + 1) * slots_per_msg_ <= kQpCtrlSize; }
   GS_HD const SglEntry *current_slot();
   GS_HD int fail(int err, const char *why);
   GS_HD void set_disconnected();
@@ -172,6 +176,7 @@ class Stream {
   // configuration
   uint32_t rbuf_size_ = 0, half_ = 0, sbuf_size_ = 0, inline_size_ = 0;
   uint16_t sq_size_ = 0, rq_size_ = 0;
+  uint32_t slots_per_msg_ = 1;  // 2 with msg_send (iWARP)
   LocalLayout layout_{};
 
   // peer

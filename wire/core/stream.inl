@@ -11,7 +11,8 @@ GS_HD void Stream::init(const StreamConfig &config, const LocalLayout &layout, C
   sbuf_size_ = config.sbuf_size < kSndLowat ? 4096 : config.sbuf_size;  // §6.5 wmem rule
   sq_size_ = static_cast<uint16_t>(gs_min<uint32_t>(gs_max<uint32_t>(config.sq_size, kQpMinSize), kMaxSendQueue));
   rq_size_ = static_cast<uint16_t>(gs_min<uint32_t>(gs_max<uint32_t>(config.rq_size, kQpMinSize), kQpMaxSize));
-  inline_size_ = config.inline_size;
+  inline_size_ = config.msg_send ? gs_max<uint32_t>(config.inline_size, kMsgSize) : config.inline_size;
+  slots_per_msg_ = config.msg_send ? 2 : 1;
   layout_ = layout;
   for (uint32_t i = 0; i < kSglSize; ++i) layout_.table[i].length = 0;
 
@@ -136,8 +137,8 @@ GS_HD void Stream::on_transport_closed(int status) {
 }
 
 GS_HD bool Stream::sq_has_room(bool control) const {
-  const uint64_t outstanding = wr_tail_ - wr_head_;
-  return outstanding < (control ? sq_size_ : sq_size_ - kQpCtrlSize);
+  const uint64_t used = (wr_tail_ - wr_head_) * slots_per_msg_;
+  return used + slots_per_msg_ <= (control ? sq_size_ : sq_size_ - kQpCtrlSize);
 }
 
 GS_HD const SglEntry *Stream::current_slot() {

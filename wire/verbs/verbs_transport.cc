@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
 namespace gpusock::wire::verbs {
 namespace {
@@ -21,6 +22,7 @@ namespace {
 constexpr int kResolveTimeoutMs = 2000;
 constexpr uint32_t kDefaultInline = 64;
 constexpr int kPostRecvBatch = 64;
+constexpr uint64_t kSkipCompletion = ~uint64_t(0);
 
 const TransportCaps kVerbsCaps = {
     .name = "verbs",
@@ -46,12 +48,12 @@ void copy_addr(const sockaddr *sa, sockaddr_storage *out, socklen_t *len) {
 }
 
 // rsocket's connection parameters (§1.4 step 4, §9.2).
-rdma_conn_param rsocket_conn_param(const void *private_data, uint32_t private_len) {
+rdma_conn_param rsocket_conn_param(const void *private_data, uint32_t private_len, bool iwarp) {
   rdma_conn_param p{};
   p.private_data = private_data;
   p.private_data_len = static_cast<uint8_t>(private_len);
   p.responder_resources = 0;
-  p.initiator_depth = 0;
+  p.initiator_depth = iwarp ? 1 : 0;  // rsocket's work-around for an iWARP RDMA READ at connect
   p.flow_control = 1;
   p.retry_count = 7;
   p.rnr_retry_count = 7;  // 7 = retry for ever on RNR NAK
@@ -109,7 +111,8 @@ class VerbsRequest final : public ConnectionRequest {
 
 class VerbsEndpoint final : public Endpoint {
  public:
-  VerbsEndpoint(VerbsDomain *domain, const EndpointAttr &attr) : domain_(domain), attr_(attr) {}
+  VerbsEndpoint(VerbsDomain *domain, const EndpointAttr &attr, bool iwarp)
+      : domain_(domain), attr_(attr), iwarp_(iwarp) {}
   ~VerbsEndpoint() override { destroy(); }
 
   int init_active();
@@ -129,11 +132,12 @@ class VerbsEndpoint final : public Endpoint {
 
   gs_status_t post_write(const WriteRequest &r) override {
     if (!qp_) return -ENOTCONN;
-    ibv_sge sge{};
-    ibv_send_wr wr{}, *bad = nullptr;
+    const bool msg_send = iwarp_ && r.has_imm;
+    ibv_sge sge{}, word{};
+    ibv_send_wr wr{}, msg{}, *bad = nullptr;
     wr.wr_id = r.token;
-    wr.opcode = r.has_imm ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE;
-    if (r.has_imm) wr.imm_data = htobe32(r.imm);
+    wr.opcode = r.has_imm && !msg_send ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE;
+    if (r.has_imm && !msg_send) wr.imm_data = htobe32(r.imm);
     wr.wr.rdma.remote_addr = r.remote_addr;
     wr.wr.rdma.rkey = r.rkey;
     if (r.length > 0) {
@@ -144,7 +148,23 @@ class VerbsEndpoint final : public Endpoint {
       wr.num_sge = 1;
       if (r.inline_data && r.length <= max_inline_) wr.send_flags = IBV_SEND_INLINE;
     }
-    const int rc = ibv_post_send(qp_, &wr, &bad);
+    ibv_send_wr *first = &wr;
+    if (msg_send) {
+      // iWARP: the payload as a plain write (if any), then the 4-byte message
+      // word as an inline send, in host order (§2.9). The send's completion
+      // carries the token; the write's is skipped.
+      wr.wr_id = kSkipCompletion;
+      word.addr = reinterpret_cast<uintptr_t>(&r.imm);
+      word.length = sizeof r.imm;
+      msg.wr_id = r.token;
+      msg.opcode = IBV_WR_SEND;
+      msg.sg_list = &word;
+      msg.num_sge = 1;
+      msg.send_flags = IBV_SEND_INLINE;
+      if (r.length > 0) wr.next = &msg;
+      else first = &msg;
+    }
+    const int rc = ibv_post_send(qp_, first, &bad);
     return rc == 0 ? 0 : (rc == ENOMEM ? -EAGAIN : -rc);
   }
 
@@ -153,13 +173,23 @@ class VerbsEndpoint final : public Endpoint {
       deferred_recvs_ += count;
       return 0;
     }
-    // §1.6: receives carry no scatter entries; immediates need no buffer.
+    // §1.6: receives carry no scatter entries; immediates need no buffer. On
+    // iWARP each receive takes the peer's 4-byte message word into a slot of
+    // our own registered array, which receives fill in order.
     ibv_recv_wr wrs[kPostRecvBatch]{};
+    ibv_sge words[kPostRecvBatch]{};
     while (count > 0) {
       const int n = static_cast<int>(std::min<uint32_t>(count, kPostRecvBatch));
       for (int i = 0; i < n; ++i) {
         wrs[i].wr_id = 0;
         wrs[i].num_sge = 0;
+        if (!msg_words_.empty()) {
+          const uint32_t slot = msg_next_post_++ % msg_words_.size();
+          words[i] = {reinterpret_cast<uintptr_t>(&msg_words_[slot]), sizeof(uint32_t), msg_mr_->lkey};
+          wrs[i].wr_id = slot;
+          wrs[i].sg_list = &words[i];
+          wrs[i].num_sge = 1;
+        }
         wrs[i].next = i + 1 < n ? &wrs[i + 1] : nullptr;
       }
       ibv_recv_wr *bad = nullptr;
@@ -175,20 +205,27 @@ class VerbsEndpoint final : public Endpoint {
     ibv_wc wc[32];
     const int n = ibv_poll_cq(cq_, std::min(max, 32), wc);
     if (n < 0) return -EIO;
+    int produced = 0;
     for (int i = 0; i < n; ++i) {
-      Completion &c = out[i];
+      if (!(wc[i].opcode & IBV_WC_RECV) && wc[i].wr_id == kSkipCompletion && wc[i].status == IBV_WC_SUCCESS)
+        continue;  // the payload half of an iWARP message; its send completes the token
+      Completion &c = out[produced++];
       c = Completion{};
       c.status = wc[i].status == IBV_WC_SUCCESS ? 0 : (wc[i].status == IBV_WC_WR_FLUSH_ERR ? -ECONNRESET : -EIO);
       if (wc[i].opcode & IBV_WC_RECV) {
         c.kind = CompletionKind::kRecvImm;
-        c.imm = be32toh(wc[i].imm_data);
-        c.length = wc[i].byte_len;
+        if (wc[i].opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
+          c.imm = be32toh(wc[i].imm_data);
+          c.length = wc[i].byte_len;
+        } else if (!msg_words_.empty()) {  // iWARP message word, sender's host order
+          c.imm = msg_words_[wc[i].wr_id % msg_words_.size()];
+        }
       } else {
         c.kind = CompletionKind::kWriteDone;
         c.token = wc[i].wr_id;
       }
     }
-    return n;
+    return produced;
   }
 
   int poll_cm(CmEvent *out) override;
@@ -217,6 +254,8 @@ class VerbsEndpoint final : public Endpoint {
     qp_ = nullptr;
     if (cq_) ibv_destroy_cq(cq_);
     cq_ = nullptr;
+    if (msg_mr_) ibv_dereg_mr(msg_mr_);
+    msg_mr_ = nullptr;
     if (id_) rdma_destroy_id(id_);
     id_ = nullptr;
     if (channel_) rdma_destroy_event_channel(channel_);
@@ -225,12 +264,16 @@ class VerbsEndpoint final : public Endpoint {
 
   VerbsDomain *domain_;
   EndpointAttr attr_;
+  bool iwarp_;
   rdma_event_channel *channel_ = nullptr;
   rdma_cm_id *id_ = nullptr;
   ibv_cq *cq_ = nullptr;
   ibv_qp *qp_ = nullptr;
   uint32_t max_inline_ = 0;
   uint32_t deferred_recvs_ = 0;
+  std::vector<uint32_t> msg_words_;  // iWARP: one receive slot per posted receive
+  ibv_mr *msg_mr_ = nullptr;
+  uint64_t msg_next_post_ = 0;
   bool connected_ = false;
   uint8_t private_[64] = {};
   uint32_t private_len_ = 0;
@@ -300,10 +343,8 @@ class VerbsDomain final : public Domain {
       *error = std::string("gpusock: GPUSOCK_VERBS_DEVICE=") + wanted + " names no RDMA device";
       return -ENODEV;
     }
-    if (context_->device->transport_type == IBV_TRANSPORT_IWARP) {
-      *error = "gpusock: iWARP devices (rsocket's write + 4-byte send variant) are not supported yet";
-      return -ENOTSUP;
-    }
+    // iWARP has no write-with-immediate: rsocket's RS_OPT_MSG_SEND variant (§2.11).
+    if (context_->device->transport_type == IBV_TRANSPORT_IWARP) caps_.write_with_imm = false;
     if (ibv_query_device(context_, &attr_)) {
       *error = "gpusock: ibv_query_device failed";
       return -errno;
@@ -316,7 +357,8 @@ class VerbsDomain final : public Domain {
     return 0;
   }
 
-  const TransportCaps &caps() const override { return kVerbsCaps; }
+  const TransportCaps &caps() const override { return caps_; }
+  bool iwarp() const { return !caps_.write_with_imm; }
 
   gs_status_t register_memory(void *base, size_t length, unsigned access, MemoryRegion *out) override {
     int flags = IBV_ACCESS_LOCAL_WRITE;
@@ -336,7 +378,7 @@ class VerbsDomain final : public Domain {
   }
   gs_status_t create_endpoint(ConnectionRequest *request, const EndpointAttr &attr,
                               std::unique_ptr<Endpoint> *out) override {
-    auto ep = std::make_unique<VerbsEndpoint>(this, attr);
+    auto ep = std::make_unique<VerbsEndpoint>(this, attr, iwarp());
     const int rc = request ? ep->init_passive(static_cast<VerbsRequest *>(request)) : ep->init_active();
     if (rc < 0) return rc;
     *out = std::move(ep);
@@ -363,6 +405,7 @@ class VerbsDomain final : public Domain {
   ibv_context *context_ = nullptr;
   ibv_device_attr attr_{};
   ibv_pd *pd_ = nullptr;
+  TransportCaps caps_ = kVerbsCaps;
 };
 
 int VerbsEndpoint::init_active() {
@@ -399,6 +442,13 @@ int VerbsEndpoint::create_qp() {
   qa.cap.max_send_sge = 2;
   qa.cap.max_recv_sge = 1;
   qa.cap.max_inline_data = attr_.inline_size ? attr_.inline_size : kDefaultInline;
+  if (iwarp_) {
+    qa.cap.max_inline_data = std::max<uint32_t>(qa.cap.max_inline_data, 4);  // the message word goes inline
+    msg_words_.assign(static_cast<size_t>(recv_depth), 0);
+    msg_mr_ = ibv_reg_mr(domain_->pd(), msg_words_.data(), msg_words_.size() * sizeof(uint32_t),
+                         IBV_ACCESS_LOCAL_WRITE);
+    if (!msg_mr_) return -ENOMEM;
+  }
   if (rdma_create_qp(id_, domain_->pd(), &qa)) return -errno;
   qp_ = id_->qp;
   max_inline_ = qa.cap.max_inline_data;  // what the provider granted
@@ -435,7 +485,7 @@ int VerbsEndpoint::poll_cm(CmEvent *out) {
     case RDMA_CM_EVENT_ROUTE_RESOLVED: {
       int rc = create_qp();
       if (rc == 0) {
-        rdma_conn_param param = rsocket_conn_param(private_, private_len_);
+        rdma_conn_param param = rsocket_conn_param(private_, private_len_, iwarp_);
         if (rdma_connect(id_, &param)) rc = -errno;
       }
       if (rc < 0) {

@@ -1,0 +1,90 @@
+/* gpusock CPU stream sockets: the rsocket call set (rsocket.7) with gs_ names.
+ *
+ * Semantics follow rsocket and POSIX stream sockets. Status contract
+ * (gpusock/status.h): every call returns >= 0 on success and the negated errno
+ * on failure, and also sets errno. Non-blocking sockets return -EAGAIN for
+ * back-pressure.
+ *
+ * The transport is chosen per process by GPUSOCK_TRANSPORT:
+ *   verbs       rdma_cm + RC queue pairs (rsocket wire compatible)
+ *   fabric:tcp  libfabric tcp provider (FI_EP_MSG)
+ *   fabric:shm  libfabric shm provider (FI_EP_RDM, same host only)
+ * Default: verbs if an RDMA device exists, else fabric:tcp. A socket whose
+ * transport cannot be opened fails with -ENODEV/-ENOENT and gs_last_error()
+ * names what is missing. */
+#ifndef GPUSOCK_SOCKET_H
+#define GPUSOCK_SOCKET_H
+
+#include <gpusock/status.h>
+
+#include <poll.h>
+#include <stddef.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <sys/uio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* rsocket's option level and options (rsocket.h values, so programs written
+ * for rsocket compile unchanged). */
+#ifndef SOL_RDMA
+#define SOL_RDMA 0x10000
+enum {
+  RDMA_SQSIZE,
+  RDMA_RQSIZE,
+  RDMA_INLINE,
+  RDMA_IOMAPSIZE,
+  RDMA_ROUTE
+};
+#endif
+
+int gs_socket(int domain, int type, int protocol);
+int gs_bind(int socket, const struct sockaddr *addr, socklen_t addrlen);
+int gs_listen(int socket, int backlog);
+int gs_accept(int socket, struct sockaddr *addr, socklen_t *addrlen);
+int gs_accept4(int socket, struct sockaddr *addr, socklen_t *addrlen, int flags);
+int gs_connect(int socket, const struct sockaddr *addr, socklen_t addrlen);
+int gs_shutdown(int socket, int how);
+int gs_close(int socket);
+
+ssize_t gs_recv(int socket, void *buf, size_t len, int flags);
+ssize_t gs_recvfrom(int socket, void *buf, size_t len, int flags, struct sockaddr *src_addr,
+                    socklen_t *addrlen);
+ssize_t gs_recvmsg(int socket, struct msghdr *msg, int flags);
+ssize_t gs_send(int socket, const void *buf, size_t len, int flags);
+ssize_t gs_sendto(int socket, const void *buf, size_t len, int flags, const struct sockaddr *dest_addr,
+                  socklen_t addrlen);
+ssize_t gs_sendmsg(int socket, const struct msghdr *msg, int flags);
+ssize_t gs_read(int socket, void *buf, size_t count);
+ssize_t gs_readv(int socket, const struct iovec *iov, int iovcnt);
+ssize_t gs_write(int socket, const void *buf, size_t count);
+ssize_t gs_writev(int socket, const struct iovec *iov, int iovcnt);
+
+/* fds may mix gpusock sockets and ordinary kernel fds. */
+int gs_poll(struct pollfd *fds, nfds_t nfds, int timeout);
+
+int gs_getpeername(int socket, struct sockaddr *addr, socklen_t *addrlen);
+int gs_getsockname(int socket, struct sockaddr *addr, socklen_t *addrlen);
+int gs_setsockopt(int socket, int level, int optname, const void *optval, socklen_t optlen);
+int gs_getsockopt(int socket, int level, int optname, void *optval, socklen_t *optlen);
+/* F_GETFL/F_SETFL (O_NONBLOCK), F_GETFD/F_SETFD (FD_CLOEXEC). */
+int gs_fcntl(int socket, int cmd, ... /* arg */);
+
+/* dup(2)/dup2(2)/dup3(2) for sockets: the new fd refers to the same socket,
+ * which closes when its last fd does. flags: O_CLOEXEC. */
+int gs_dup(int socket);
+int gs_dup2(int socket, int newfd);
+int gs_dup3(int socket, int newfd, int flags);
+
+/* Whether fd is a gpusock socket (1) or not (0). */
+int gs_is_socket(int fd);
+/* The last error's explanation for this thread, e.g. which provider is missing. */
+const char *gs_last_error(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

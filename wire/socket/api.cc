@@ -1,0 +1,265 @@
+// The C ABI of gpusock's CPU sockets (include/gpusock/socket.h): look the fd
+// up, call the socket, translate the status. No exception crosses this file.
+#include <gpusock/socket.h>
+
+#include "wire/socket/engine.h"
+
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <sched.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cstdarg>
+#include <cstring>
+#include <vector>
+
+using gpusock::socket::Engine;
+using gpusock::socket::StreamSocket;
+
+namespace {
+
+// Status contract: negative errno returned and mirrored into errno.
+template <class T>
+T finish(T status) {
+  if (status < 0) errno = static_cast<int>(-status);
+  return status;
+}
+
+template <class F>
+auto guarded(F f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const std::bad_alloc &) {
+    return finish<decltype(f())>(-ENOMEM);
+  } catch (...) {
+    return finish<decltype(f())>(-EIO);
+  }
+}
+
+std::shared_ptr<StreamSocket> lookup(int fd, int *status) {
+  auto socket = Engine::get().find(fd);
+  if (!socket) *status = fcntl(fd, F_GETFD) < 0 ? -EBADF : -ENOTSOCK;
+  return socket;
+}
+
+// Looks fd up and runs f on its socket under the status contract.
+template <class T, class F>
+T with_socket(int fd, F f) {
+  return guarded([&]() -> T {
+    int status = 0;
+    auto socket = lookup(fd, &status);
+    if (!socket) return finish<T>(status);
+    return finish<T>(static_cast<T>(f(*socket)));
+  });
+}
+
+int register_accepted(std::unique_ptr<StreamSocket> child, int flags, sockaddr *addr, socklen_t *addrlen) {
+  if (flags & ~(SOCK_NONBLOCK | SOCK_CLOEXEC)) return -EINVAL;
+  child->set_nonblocking(flags & SOCK_NONBLOCK);  // accepted sockets start blocking, as with TCP
+  if (addr && addrlen) child->getpeername(addr, addrlen);
+  return Engine::get().add(std::shared_ptr<StreamSocket>(std::move(child)), flags & SOCK_CLOEXEC);
+}
+
+}  // namespace
+
+extern "C" {
+
+const char *gs_status_name(gs_status_t status) {
+  if (status >= 0) return "OK";
+  switch (-status) {
+#define GS_NAME(e) \
+  case e:          \
+    return #e;
+    GS_NAME(EAGAIN) GS_NAME(EPROTO) GS_NAME(EPROTONOSUPPORT) GS_NAME(ECONNREFUSED) GS_NAME(ECONNRESET)
+    GS_NAME(ENOTCONN) GS_NAME(EPIPE) GS_NAME(EINVAL) GS_NAME(ENOMEM) GS_NAME(ENODEV) GS_NAME(ENOENT)
+    GS_NAME(EBADF) GS_NAME(ENOTSOCK) GS_NAME(EINPROGRESS) GS_NAME(EALREADY) GS_NAME(EISCONN)
+    GS_NAME(EADDRINUSE) GS_NAME(EADDRNOTAVAIL) GS_NAME(EAFNOSUPPORT) GS_NAME(ENOPROTOOPT) GS_NAME(ETIMEDOUT)
+    GS_NAME(EINTR) GS_NAME(EIO) GS_NAME(ENOTSUP) GS_NAME(EHOSTUNREACH) GS_NAME(ENETUNREACH) GS_NAME(EMSGSIZE)
+    GS_NAME(ECONNABORTED) GS_NAME(EFAULT) GS_NAME(ENOSYS)
+#undef GS_NAME
+    default:
+      return "E?";
+  }
+}
+
+const char *gs_last_error(void) { return gpusock::socket::last_error(); }
+
+int gs_dup(int fd) {
+  return guarded([&]() -> int { return finish(Engine::get().dup(fd, -1, 0)); });
+}
+int gs_dup2(int fd, int newfd) {
+  if (newfd < 0) return finish(-EBADF);
+  return guarded([&]() -> int { return finish(Engine::get().dup(fd, newfd, 0)); });
+}
+int gs_dup3(int fd, int newfd, int flags) {
+  if (newfd < 0 || fd == newfd || (flags & ~O_CLOEXEC)) return finish(-EINVAL);
+  return guarded([&]() -> int { return finish(Engine::get().dup(fd, newfd, flags)); });
+}
+
+int gs_is_socket(int fd) { return Engine::get().find(fd) != nullptr; }
+
+int gs_socket(int domain, int type, int protocol) {
+  return guarded([&]() -> int {
+    if (domain != AF_INET && domain != AF_INET6) return finish(-EAFNOSUPPORT);
+    if ((type & ~(SOCK_NONBLOCK | SOCK_CLOEXEC)) != SOCK_STREAM) return finish(-ESOCKTNOSUPPORT);
+    if (protocol != 0 && protocol != IPPROTO_TCP) return finish(-EPROTONOSUPPORT);
+    int status = 0;
+    auto *transport = Engine::get().domain(&status);
+    if (!transport) return finish(status);
+    auto socket = std::make_shared<StreamSocket>(transport, domain);
+    socket->set_nonblocking(type & SOCK_NONBLOCK);
+    return finish(Engine::get().add(std::move(socket), type & SOCK_CLOEXEC));
+  });
+}
+
+int gs_bind(int fd, const struct sockaddr *addr, socklen_t len) { return with_socket<int>(fd, [&](StreamSocket &sock) { auto *s = &sock; return s->bind(addr, len); }); }
+int gs_listen(int fd, int backlog) { return with_socket<int>(fd, [&](StreamSocket &sock) { auto *s = &sock; return s->listen(backlog); }); }
+int gs_connect(int fd, const struct sockaddr *addr, socklen_t len) {
+  return with_socket<int>(fd, [&](StreamSocket &sock) { auto *s = &sock; return s->connect(addr, len); });
+}
+int gs_shutdown(int fd, int how) { return with_socket<int>(fd, [&](StreamSocket &sock) { auto *s = &sock; return s->shutdown(how); }); }
+
+int gs_accept4(int fd, struct sockaddr *addr, socklen_t *addrlen, int flags) {
+  return guarded([&]() -> int {
+    int status = 0;
+    auto listener = lookup(fd, &status);
+    if (!listener) return finish(status);
+    std::unique_ptr<StreamSocket> child;
+    status = listener->accept(&child, !listener->nonblocking());
+    if (status < 0) return finish(status);
+    return finish(register_accepted(std::move(child), flags, addr, addrlen));
+  });
+}
+
+int gs_accept(int fd, struct sockaddr *addr, socklen_t *addrlen) { return gs_accept4(fd, addr, addrlen, 0); }
+
+int gs_close(int fd) {
+  return guarded([&]() -> int { return finish(Engine::get().close(fd)); });
+}
+
+ssize_t gs_recvmsg(int fd, struct msghdr *msg, int flags) {
+  if (!msg) return finish<ssize_t>(-EFAULT);
+  msg->msg_controllen = 0;  // no ancillary data on stream rsockets
+  msg->msg_flags = 0;
+  return with_socket<ssize_t>(fd, [&](StreamSocket &sock) { auto *s = &sock; return s->recv(msg->msg_iov, static_cast<int>(msg->msg_iovlen), flags); });
+}
+
+ssize_t gs_sendmsg(int fd, const struct msghdr *msg, int flags) {
+  if (!msg) return finish<ssize_t>(-EFAULT);
+  if (msg->msg_control && msg->msg_controllen) return finish<ssize_t>(-ENOTSUP);
+  return with_socket<ssize_t>(fd, [&](StreamSocket &sock) { auto *s = &sock; return s->send(msg->msg_iov, static_cast<int>(msg->msg_iovlen), flags); });
+}
+
+ssize_t gs_recv(int fd, void *buf, size_t len, int flags) {
+  iovec iov{buf, len};
+  return with_socket<ssize_t>(fd, [&](StreamSocket &sock) { auto *s = &sock; return s->recv(&iov, 1, flags); });
+}
+
+ssize_t gs_recvfrom(int fd, void *buf, size_t len, int flags, struct sockaddr *src, socklen_t *srclen) {
+  iovec iov{buf, len};
+  return with_socket<ssize_t>(fd, [&](StreamSocket &sock) { auto *s = &sock; return ([&]() -> ssize_t {
+                          ssize_t n = s->recv(&iov, 1, flags);
+                          if (n >= 0 && src && srclen) s->getpeername(src, srclen);
+                          return n;
+                        }()); });
+}
+
+ssize_t gs_send(int fd, const void *buf, size_t len, int flags) {
+  iovec iov{const_cast<void *>(buf), len};
+  return with_socket<ssize_t>(fd, [&](StreamSocket &sock) { auto *s = &sock; return s->send(&iov, 1, flags); });
+}
+
+ssize_t gs_sendto(int fd, const void *buf, size_t len, int flags, const struct sockaddr *, socklen_t) {
+  return gs_send(fd, buf, len, flags);  // connected stream: the address is ignored, as TCP does
+}
+
+ssize_t gs_read(int fd, void *buf, size_t count) { return gs_recv(fd, buf, count, 0); }
+ssize_t gs_write(int fd, const void *buf, size_t count) { return gs_send(fd, buf, count, 0); }
+ssize_t gs_readv(int fd, const struct iovec *iov, int iovcnt) {
+  if (iovcnt < 0 || iovcnt > IOV_MAX) return finish<ssize_t>(-EINVAL);
+  return with_socket<ssize_t>(fd, [&](StreamSocket &sock) { auto *s = &sock; return s->recv(iov, iovcnt, 0); });
+}
+ssize_t gs_writev(int fd, const struct iovec *iov, int iovcnt) {
+  if (iovcnt < 0 || iovcnt > IOV_MAX) return finish<ssize_t>(-EINVAL);
+  return with_socket<ssize_t>(fd, [&](StreamSocket &sock) { auto *s = &sock; return s->send(iov, iovcnt, 0); });
+}
+
+int gs_getpeername(int fd, struct sockaddr *addr, socklen_t *len) {
+  return with_socket<int>(fd, [&](StreamSocket &sock) { auto *s = &sock; return s->getpeername(addr, len); });
+}
+int gs_getsockname(int fd, struct sockaddr *addr, socklen_t *len) {
+  return with_socket<int>(fd, [&](StreamSocket &sock) { auto *s = &sock; return s->getsockname(addr, len); });
+}
+int gs_setsockopt(int fd, int level, int name, const void *val, socklen_t len) {
+  return with_socket<int>(fd, [&](StreamSocket &sock) { auto *s = &sock; return s->setsockopt(level, name, val, len); });
+}
+int gs_getsockopt(int fd, int level, int name, void *val, socklen_t *len) {
+  return with_socket<int>(fd, [&](StreamSocket &sock) { auto *s = &sock; return s->getsockopt(level, name, val, len); });
+}
+
+int gs_fcntl(int fd, int cmd, ...) {
+  va_list ap;
+  va_start(ap, cmd);
+  const long arg = (cmd == F_SETFL || cmd == F_SETFD) ? va_arg(ap, long) : 0;
+  va_end(ap);
+  return with_socket<int>(fd, [&](StreamSocket &sock) { auto *s = &sock; return ([&]() -> int {
+                          switch (cmd) {
+                            case F_GETFL: return O_RDWR | (s->nonblocking() ? O_NONBLOCK : 0);
+                            case F_SETFL: s->set_nonblocking(arg & O_NONBLOCK); return 0;
+                            case F_GETFD:
+                            case F_SETFD: {  // FD_CLOEXEC lives on the reserved kernel fd
+                              const int r = ::fcntl(fd, cmd, static_cast<int>(arg));
+                              return r < 0 ? -errno : r;
+                            }
+                            default: return -EINVAL;
+                          }
+                        }()); });
+}
+
+int gs_poll(struct pollfd *fds, nfds_t nfds, int timeout) {
+  return guarded([&]() -> int {
+    std::vector<std::shared_ptr<StreamSocket>> sockets(nfds);
+    std::vector<pollfd> kernel;
+    std::vector<nfds_t> kernel_index;
+    for (nfds_t i = 0; i < nfds; ++i) {
+      fds[i].revents = 0;
+      if (fds[i].fd < 0) continue;
+      sockets[i] = Engine::get().find(fds[i].fd);
+      if (!sockets[i]) {
+        kernel.push_back(fds[i]);
+        kernel_index.push_back(i);
+      }
+    }
+    const auto start = gpusock::socket::Clock::now();
+    const auto spin_until = start + std::chrono::microseconds(Engine::get().busy_poll_us());
+    int sleep_ms = 0;
+    long sleep_us = 10;
+    for (;;) {
+      int ready = 0;
+      for (nfds_t i = 0; i < nfds; ++i)
+        if (sockets[i] && (fds[i].revents = sockets[i]->ready_events(fds[i].events))) ++ready;
+      if (!kernel.empty()) {
+        // Kernel fds double as the sleep: their events wake us at once.
+        const int n = ::poll(kernel.data(), kernel.size(), ready ? 0 : sleep_ms);
+        if (n < 0) return finish(-errno);
+        for (size_t k = 0; k < kernel.size(); ++k)
+          if ((fds[kernel_index[k]].revents = kernel[k].revents)) ++ready;
+      }
+      if (ready || timeout == 0) return ready;
+      const auto now = gpusock::socket::Clock::now();
+      if (timeout > 0 && now - start >= std::chrono::milliseconds(timeout)) return 0;
+      if (now < spin_until) {
+        sched_yield();
+      } else if (kernel.empty()) {
+        timespec ts{0, sleep_us * 1000};
+        if (nanosleep(&ts, nullptr) < 0 && errno == EINTR) return finish(-EINTR);
+        sleep_us = std::min<long>(sleep_us * 2, 1000);
+      } else {
+        sleep_ms = 1;
+      }
+    }
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,252 @@
+#include "wire/socket/engine.h"
+
+#include <fcntl.h>
+#include <pthread.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+namespace gpusock::socket {
+
+namespace {
+
+long env_long(const char *name, long fallback, long lo, long hi) {
+  const char *v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  char *end = nullptr;
+  const long n = std::strtol(v, &end, 0);
+  if (*end != '\0' || n < lo || n > hi) return fallback;
+  return n;
+}
+
+void sleep_us(long us) {
+  timespec ts{us / 1000000, (us % 1000000) * 1000};
+  nanosleep(&ts, nullptr);
+}
+
+}  // namespace
+
+Engine &Engine::get() {
+  // Never destroyed: sockets may outlive static destructors of the application.
+  static Engine *engine = [] {
+    auto *e = new Engine();
+    std::atexit(&Engine::at_exit);
+    pthread_atfork(&Engine::fork_prepare, &Engine::fork_parent, &Engine::fork_child);
+    return e;
+  }();
+  return *engine;
+}
+
+Engine::Engine() {
+  // rsocket's defaults (§2.10), overridable per process.
+  defaults_.rbuf_size = static_cast<uint32_t>(env_long("GPUSOCK_MEM_DEFAULT", wire::kDefaultBufSize, 4096, 1 << 30));
+  defaults_.sbuf_size = static_cast<uint32_t>(env_long("GPUSOCK_WMEM_DEFAULT", wire::kDefaultBufSize, 4096, 1 << 30));
+  defaults_.sq_size = static_cast<uint16_t>(env_long("GPUSOCK_SQSIZE", wire::kDefaultSqSize, 16, wire::kQpMaxSize));
+  defaults_.rq_size = static_cast<uint16_t>(env_long("GPUSOCK_RQSIZE", wire::kDefaultRqSize, 16, wire::kQpMaxSize));
+  defaults_.inline_size = static_cast<uint32_t>(env_long("GPUSOCK_INLINE", wire::kDefaultInline, 0, 65535));
+  busy_poll_us_ = static_cast<int>(env_long("GPUSOCK_BUSY_POLL_US", 200, 0, 10000000));
+  close_flush_s_ = static_cast<int>(env_long("GPUSOCK_CLOSE_FLUSH_S", 10, 0, 3600));
+  const char *level = std::getenv("GPUSOCK_LOG");
+  if (level) {
+    if (!std::strcmp(level, "debug")) log_level_ = 2;
+    else if (!std::strcmp(level, "info") || !std::strcmp(level, "warn")) log_level_ = 1;
+    else log_level_ = static_cast<int>(env_long("GPUSOCK_LOG", 0, 0, 3));
+  }
+}
+
+void Engine::log(int level, const char *fmt, ...) const {
+  if (level > log_level_) return;
+  char line[512];
+  va_list ap;
+  va_start(ap, fmt);
+  std::vsnprintf(line, sizeof line, fmt, ap);
+  va_end(ap);
+  std::fprintf(stderr, "gpusock[%d]: %s\n", getpid(), line);
+}
+
+wire::Domain *Engine::domain(int *status) {
+  {
+    std::lock_guard lock(domain_mu_);
+    if (!domain_opened_) {
+      domain_status_ = wire::open_domain("", &domain_, &domain_error_);
+      if (domain_status_ == 0) log(1, "transport %s", domain_->caps().name);
+      domain_opened_ = true;
+    }
+  }
+  *status = domain_status_;
+  if (domain_status_ < 0) {
+    set_last_error("%s", domain_error_.c_str());
+    return nullptr;
+  }
+  return domain_.get();
+}
+
+void Engine::start_background() {
+  std::lock_guard lock(thread_mu_);
+  if (thread_started_) return;
+  background_ = std::thread([this] { background_loop(); });
+  background_.detach();
+  thread_started_ = true;
+}
+
+int Engine::add(std::shared_ptr<StreamSocket> socket, bool cloexec) {
+  const int fd = eventfd(0, EFD_NONBLOCK | (cloexec ? EFD_CLOEXEC : 0));
+  if (fd < 0) return -errno;
+  {
+    std::unique_lock lock(table_mu_);
+    if (static_cast<size_t>(fd) >= table_.size()) table_.resize(static_cast<size_t>(fd) + 64);
+    socket->fd_refs.fetch_add(1);
+    table_[static_cast<size_t>(fd)] = std::move(socket);
+  }
+  start_background();
+  return fd;
+}
+
+std::shared_ptr<StreamSocket> Engine::find(int fd) const {
+  std::shared_lock lock(table_mu_);
+  if (fd < 0 || static_cast<size_t>(fd) >= table_.size()) return nullptr;
+  return table_[static_cast<size_t>(fd)];
+}
+
+int Engine::close(int fd) {
+  std::shared_ptr<StreamSocket> socket;
+  {
+    std::unique_lock lock(table_mu_);
+    if (fd < 0 || static_cast<size_t>(fd) >= table_.size() || !table_[static_cast<size_t>(fd)]) return -EBADF;
+    socket = std::move(table_[static_cast<size_t>(fd)]);
+    ::close(fd);
+  }
+  release(std::move(socket));
+  return 0;
+}
+
+void Engine::release(std::shared_ptr<StreamSocket> socket) {
+  if (socket->fd_refs.fetch_sub(1) != 1) return;  // another fd still refers to it
+  socket->begin_close();
+  if (socket->lingers()) {  // SO_LINGER: close blocks until flushed or the linger time passes
+    while (!socket->close_finished()) sleep_us(100);
+    return;
+  }
+  if (socket->close_finished()) return;
+  std::lock_guard lock(closing_mu_);
+  closing_.push_back(std::move(socket));
+}
+
+int Engine::dup(int fd, int newfd, int flags) {
+  std::shared_ptr<StreamSocket> socket = find(fd);
+  if (!socket) return -EBADF;
+  if (newfd == fd) return fd;
+  std::shared_ptr<StreamSocket> replaced;
+  int result;
+  {
+    std::unique_lock lock(table_mu_);
+    result = newfd < 0 ? ::fcntl(fd, (flags & O_CLOEXEC) ? F_DUPFD_CLOEXEC : F_DUPFD, 0)
+                       : ::dup3(fd, newfd, flags & O_CLOEXEC);
+    if (result < 0) return -errno;
+    if (static_cast<size_t>(result) >= table_.size()) table_.resize(static_cast<size_t>(result) + 64);
+    replaced = std::move(table_[static_cast<size_t>(result)]);  // dup2 over a socket closes it
+    socket->fd_refs.fetch_add(1);
+    table_[static_cast<size_t>(result)] = socket;
+  }
+  if (replaced) release(std::move(replaced));
+  return result;
+}
+
+void Engine::background_loop() {
+  long idle_us = 50;
+  while (!stopping_.load(std::memory_order_relaxed)) {
+    bool did = false;
+    {
+      std::shared_lock lock(table_mu_);
+      for (auto &socket : table_)
+        if (socket) did |= socket->try_progress();
+    }
+    {
+      std::lock_guard lock(closing_mu_);
+      for (size_t i = 0; i < closing_.size();) {
+        if (closing_[i]->close_finished()) {
+          closing_.erase(closing_.begin() + static_cast<long>(i));
+          did = true;
+        } else {
+          ++i;
+        }
+      }
+    }
+    idle_us = did ? 50 : std::min<long>(idle_us * 2, 1000);
+    sleep_us(idle_us);
+  }
+}
+
+// At exit, give every connection the chance to flush and say DISCONNECT, as the
+// kernel would for TCP, and release transport resources (shm segments).
+void Engine::at_exit() {
+  Engine &e = get();
+  std::vector<std::shared_ptr<StreamSocket>> open;
+  {
+    std::unique_lock lock(e.table_mu_);
+    for (auto &socket : e.table_)
+      if (socket) open.push_back(std::move(socket));
+  }
+  for (auto &socket : open) socket->begin_close();
+  {
+    std::lock_guard lock(e.closing_mu_);
+    for (auto &socket : e.closing_) open.push_back(std::move(socket));
+    e.closing_.clear();
+  }
+  const auto deadline = Clock::now() + std::chrono::seconds(std::min(e.close_flush_s_, 5));
+  for (auto &socket : open)
+    while (!socket->close_finished() && Clock::now() < deadline) sleep_us(100);
+  e.stopping_ = true;
+  open.clear();
+}
+
+// fork(): hold every engine lock across the fork so the child's copies are
+// consistent (the background thread is between passes, no fd is half-added).
+void Engine::fork_prepare() {
+  Engine &e = get();
+  e.domain_mu_.lock();
+  e.thread_mu_.lock();
+  e.closing_mu_.lock();
+  e.table_mu_.lock();
+}
+
+void Engine::fork_parent() {
+  Engine &e = get();
+  e.table_mu_.unlock();
+  e.closing_mu_.unlock();
+  e.thread_mu_.unlock();
+  e.domain_mu_.unlock();
+}
+
+// The child abandons every inherited socket and the transport domain: nothing
+// is flushed, disconnected or freed (that would act on the parent's live
+// connections), and at exit there is nothing to close. Their fds stay open as
+// plain eventfds (gs_* calls on them fail with ENOTSOCK) until the program
+// closes them. The next socket opens a fresh domain and background thread.
+void Engine::fork_child() {
+  Engine &e = get();
+  auto *abandoned = new std::vector<std::shared_ptr<StreamSocket>>();  // never freed, on purpose
+  for (auto &socket : e.table_)
+    if (socket) abandoned->push_back(std::move(socket));
+  e.table_.clear();
+  for (auto &socket : e.closing_) abandoned->push_back(std::move(socket));
+  e.closing_.clear();
+  (void)e.domain_.release();  // leaked with the sockets that point into it
+  e.domain_opened_ = false;
+  e.domain_status_ = 0;
+  e.domain_error_.clear();
+  e.thread_started_ = false;
+  e.background_ = std::thread();  // the parent's thread does not exist here
+  e.stopping_ = false;
+  e.table_mu_.unlock();
+  e.closing_mu_.unlock();
+  e.thread_mu_.unlock();
+  e.domain_mu_.unlock();
+}
+
+}  // namespace gpusock::socket

@@ -1,0 +1,77 @@
+// The process-wide side of gpusock's CPU sockets: the transport domain, the fd
+// table, and a background thread that keeps connections moving while no
+// application thread is inside a socket call (accepting handshakes, flushing
+// sends, finishing closes) — what a kernel's TCP stack does on its own.
+#pragma once
+
+#include "wire/socket/stream_socket.h"
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace gpusock::socket {
+
+class Engine {
+ public:
+  static Engine &get();
+
+  // The transport for this process (GPUSOCK_TRANSPORT), opened on first use.
+  // nullptr on failure, with *status set and last_error() naming what is missing.
+  wire::Domain *domain(int *status);
+
+  // Reserves an fd (an eventfd, so fd numbers never collide with the kernel's)
+  // for the socket. Returns the fd or a negated errno.
+  int add(std::shared_ptr<StreamSocket> socket, bool cloexec);
+  std::shared_ptr<StreamSocket> find(int fd) const;
+  // Removes the fd; once no fd refers to the socket it finishes closing in the
+  // background.
+  int close(int fd);
+  // dup/dup2/dup3 for socket fds: the new fd refers to the same socket.
+  int dup(int fd, int newfd, int flags);
+
+  const SocketOptions &default_options() const { return defaults_; }
+  int busy_poll_us() const { return busy_poll_us_; }
+  int close_flush_seconds() const { return close_flush_s_; }
+  void log(int level, const char *fmt, ...) const __attribute__((format(printf, 3, 4)));
+
+ private:
+  Engine();
+  void background_loop();
+  void start_background();
+  void release(std::shared_ptr<StreamSocket> socket);
+  static void at_exit();
+  // pthread_atfork handlers: the child of fork() cannot use the parent's
+  // transport state (threads are gone; endpoints, kernel sockets and shm regions
+  // are shared with the parent, which goes on using them).
+  static void fork_prepare();
+  static void fork_parent();
+  static void fork_child();
+
+  mutable std::shared_mutex table_mu_;
+  std::vector<std::shared_ptr<StreamSocket>> table_;  // indexed by fd
+  std::mutex closing_mu_;
+  std::vector<std::shared_ptr<StreamSocket>> closing_;
+
+  std::mutex domain_mu_;  // a mutex, not a once_flag: fork_child re-arms it
+  bool domain_opened_ = false;
+  std::unique_ptr<wire::Domain> domain_;
+  int domain_status_ = 0;
+  std::string domain_error_;
+
+  std::mutex thread_mu_;
+  bool thread_started_ = false;
+  std::thread background_;
+  std::atomic<bool> stopping_{false};
+
+  SocketOptions defaults_;
+  int busy_poll_us_ = 200;
+  int close_flush_s_ = 10;
+  int log_level_ = 0;
+};
+
+}  // namespace gpusock::socket

@@ -1,0 +1,135 @@
+// One gpusock stream socket on the CPU: the protocol core (wire/core) bound to
+// a transport endpoint (wire/transport.h) and the buffers they share.
+//
+// Concurrency: every method that touches connection state takes `mu`. Blocking
+// calls drop it between progress passes, so a sender and a receiver thread, and
+// the engine's background thread, can all drive the same socket.
+#pragma once
+
+#include "wire/core/stream.h"
+#include "wire/transport.h"
+
+#include <sys/socket.h>
+
+#include <atomic>
+#include <chrono>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+namespace gpusock::socket {
+
+using Clock = std::chrono::steady_clock;
+
+struct SocketOptions {
+  uint32_t rbuf_size = wire::kDefaultBufSize;
+  uint32_t sbuf_size = wire::kDefaultBufSize;
+  uint16_t sq_size = wire::kDefaultSqSize;
+  uint16_t rq_size = wire::kDefaultRqSize;
+  uint32_t inline_size = wire::kDefaultInline;
+  uint32_t iomap_size = 0;
+  bool reuseaddr = false;
+  bool keepalive = false;
+  bool nodelay = false;
+  bool oobinline = false;
+  int keepidle_s = 0;  // 0: system default
+  linger linger_opt{0, 0};
+};
+
+enum class Role : uint8_t { kNew, kBound, kListening, kConnecting, kAccepting, kConnected, kClosed };
+
+class StreamSocket {
+ public:
+  StreamSocket(wire::Domain *domain, int family);
+  ~StreamSocket();
+  StreamSocket(const StreamSocket &) = delete;
+  StreamSocket &operator=(const StreamSocket &) = delete;
+
+  int family() const { return family_; }
+  bool nonblocking() const { return nonblocking_; }
+  void set_nonblocking(bool on) { nonblocking_ = on; }
+
+  // Socket calls. Each returns >= 0 or a negated errno.
+  int bind(const sockaddr *addr, socklen_t len);
+  int listen(int backlog);
+  // Takes one established connection off the accept queue (or -EAGAIN).
+  int accept(std::unique_ptr<StreamSocket> *out, bool wait);
+  int connect(const sockaddr *addr, socklen_t len);
+  ssize_t recv(const iovec *iov, int iovcnt, int flags);
+  ssize_t send(const iovec *iov, int iovcnt, int flags);
+  int shutdown(int how);
+  int setsockopt(int level, int name, const void *val, socklen_t len);
+  int getsockopt(int level, int name, void *val, socklen_t *len);
+  int getsockname(sockaddr *addr, socklen_t *len);
+  int getpeername(sockaddr *addr, socklen_t *len);
+
+  // poll(2) events that are ready now (after one progress pass).
+  short ready_events(short requested);
+  // One progress pass. Returns true if anything happened.
+  bool progress();
+  // Non-blocking attempt: progress only if nobody else holds the socket.
+  bool try_progress();
+  // Begin an orderly close: flush, send DISCONNECT; true once it may be freed.
+  void begin_close();
+  bool close_finished();
+  Clock::time_point close_deadline() const { return close_deadline_; }
+  bool has_background_work();
+  bool lingers() const { return options_.linger_opt.l_onoff != 0; }
+
+  // How many fds refer to this socket (dup); the last close closes it.
+  std::atomic<int> fd_refs{0};
+
+ private:
+  int setup_connection(wire::ConnectionRequest *request);
+  void release_connection();
+  bool progress_locked();
+  bool poll_cm_locked();
+  bool poll_completions_locked();
+  bool drain_actions_locked();
+  bool accept_requests_locked();
+  void handle_cm_disconnect_locked(int status);
+  int fail_locked(int err, const char *why);
+  int wait_connected_locked(std::unique_lock<std::mutex> &lock);
+  void keepalive_tick_locked();
+  template <class Pred>
+  int wait_locked(std::unique_lock<std::mutex> &lock, Pred ready, int timeout_ms);
+
+  std::mutex mu_;
+  wire::Domain *domain_;
+  int family_;
+  std::atomic<bool> nonblocking_{false};
+  Role role_ = Role::kNew;
+  SocketOptions options_;
+  int so_error_ = 0;
+  sockaddr_storage local_addr_{};
+  socklen_t local_len_ = 0;
+  sockaddr_storage peer_addr_{};
+  socklen_t peer_len_ = 0;
+
+  // connection
+  std::unique_ptr<wire::Endpoint> endpoint_;
+  wire::Stream core_;
+  bool transport_established_ = false;
+  uint8_t record_bytes_[wire::kConnRecordSize] = {};
+  uint8_t *sbuf_ = nullptr;
+  uint8_t *rbuf_ = nullptr;
+  uint8_t *meta_ = nullptr;  // target table (2 × 16 B) + control staging (4 × 16 B)
+  wire::MemoryRegion sbuf_mr_{}, rbuf_mr_{}, meta_mr_{};
+  uint32_t ctrl_stage_next_ = 0;
+  bool closing_ = false;
+  Clock::time_point close_deadline_{};
+  Clock::time_point next_keepalive_{};
+
+  // listener
+  std::unique_ptr<wire::Listener> listener_;
+  int backlog_ = 0;
+  std::vector<std::unique_ptr<StreamSocket>> accepting_;
+  std::deque<std::unique_ptr<StreamSocket>> accept_queue_;
+};
+
+// The last error explanation of this thread (gs_last_error).
+void set_last_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+const char *last_error();
+
+}  // namespace gpusock::socket
