@@ -235,7 +235,7 @@ int gs_poll(struct pollfd *fds, nfds_t nfds, int timeout) {
     const auto spin_until = start + std::chrono::microseconds(Engine::get().busy_poll_us());
     int sleep_ms = 0;
     long sleep_us = 10;
-    for (;;) {
+    for (unsigned step = 0;; ++step) {
       int ready = 0;
       for (nfds_t i = 0; i < nfds; ++i)
         if (sockets[i] && (fds[i].revents = sockets[i]->ready_events(fds[i].events))) ++ready;
@@ -250,7 +250,7 @@ int gs_poll(struct pollfd *fds, nfds_t nfds, int timeout) {
       const auto now = gpusock::socket::Clock::now();
       if (timeout > 0 && now - start >= std::chrono::milliseconds(timeout)) return 0;
       if (now < spin_until) {
-        sched_yield();
+        gpusock::socket::spin_pause(step);
       } else if (kernel.empty()) {
         timespec ts{0, sleep_us * 1000};
         if (nanosleep(&ts, nullptr) < 0 && errno == EINTR) return finish(-EINTR);

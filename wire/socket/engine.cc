@@ -1,6 +1,7 @@
 #include "wire/socket/engine.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <pthread.h>
 #include <sys/eventfd.h>
 #include <time.h>
@@ -30,6 +31,20 @@ void sleep_us(long us) {
 }
 
 }  // namespace
+
+void spin_pause(unsigned step) {
+  if (step % 64 == 63) {
+    sched_yield();
+    return;
+  }
+  for (int i = 0; i < 8; ++i) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    asm volatile("yield");
+#endif
+  }
+}
 
 Engine &Engine::get() {
   // Never destroyed: sockets may outlive static destructors of the application.

@@ -461,14 +461,14 @@ int StreamSocket::wait_locked(std::unique_lock<std::mutex> &lock, Pred ready, in
   const auto start = Clock::now();
   const auto spin_until = start + std::chrono::microseconds(engine.busy_poll_us());
   long sleep_us = 10;
-  for (;;) {
+  for (unsigned step = 0;; ++step) {
     progress_locked();
     if (ready()) return 0;
     const auto now = Clock::now();
     if (timeout_ms >= 0 && now - start >= std::chrono::milliseconds(timeout_ms)) return -EAGAIN;
     lock.unlock();
     if (now < spin_until) {
-      sched_yield();
+      spin_pause(step);
     } else {
       // A signal interrupts a blocking socket call, as the kernel's would.
       timespec ts{0, sleep_us * 1000};
