@@ -1,0 +1,253 @@
+// The CPU side of the GPU socket tests: a separate process using the gs_* API
+// over the transport named by GPUSOCK_TRANSPORT. The tests posix_spawn it.
+// Modes (exit 0 = everything checked out):
+//   echo    PORT                         poll-driven echo server, until SIGTERM
+//   sink    PORT COUNT [DELAY_US]        accept COUNT connections one after the other;
+//                                        read each to EOF (sleeping DELAY_US per 4 KiB
+//                                        read), reply "<bytes> <fnv64>", close
+//   source  PORT BYTES SEED              connect, send BYTES of pattern(SEED), SHUT_WR,
+//                                        expect an 8-byte count == BYTES back, then EOF
+//   clients PORT CONNS MSGS MAXSIZE SEED CONNS connections; MSGS rounds of one message
+//                                        of 1..MAXSIZE bytes on each, echo verified;
+//                                        then SHUT_WR and EOF on each
+//   blast   PORT                         connect and send until killed
+#include "gpu/tests/pattern.h"
+
+#include <gpusock/socket.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+using gpusock::test::fnv1a;
+using gpusock::test::pattern_byte;
+using Clock = std::chrono::steady_clock;
+
+volatile sig_atomic_t g_stop = 0;
+
+sockaddr_in loopback(int port) {
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  return a;
+}
+
+[[noreturn]] void die(int code, const char *what, long rc) {
+  std::fprintf(stderr, "gpu_test_peer: %s: %s (%s)\n", what, gs_status_name(static_cast<int>(rc)), gs_last_error());
+  std::exit(code);
+}
+
+int listen_on(int port, int flags) {
+  int fd = gs_socket(AF_INET, SOCK_STREAM | flags, 0);
+  if (fd < 0) die(2, "socket", fd);
+  int one = 1;
+  gs_setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in a = loopback(port);
+  if (int rc = gs_bind(fd, reinterpret_cast<sockaddr *>(&a), sizeof a); rc < 0) die(2, "bind", rc);
+  if (int rc = gs_listen(fd, 256); rc < 0) die(2, "listen", rc);
+  return fd;
+}
+
+// The GPU side may not be listening yet: retry for 20 s.
+int connect_to(int port) {
+  sockaddr_in a = loopback(port);
+  const auto end = Clock::now() + std::chrono::seconds(20);
+  for (;;) {
+    int fd = gs_socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) die(2, "socket", fd);
+    int rc = gs_connect(fd, reinterpret_cast<sockaddr *>(&a), sizeof a);
+    if (rc == 0) return fd;
+    gs_close(fd);
+    if (Clock::now() > end) die(5, "connect", rc);
+    usleep(10000);
+  }
+}
+
+bool send_all(int fd, const uint8_t *p, size_t n) {
+  while (n > 0) {
+    ssize_t k = gs_send(fd, p, n, 0);
+    if (k <= 0) return false;
+    p += k;
+    n -= static_cast<size_t>(k);
+  }
+  return true;
+}
+
+bool recv_all(int fd, uint8_t *p, size_t n) {
+  while (n > 0) {
+    ssize_t k = gs_recv(fd, p, n, 0);
+    if (k <= 0) return false;
+    p += k;
+    n -= static_cast<size_t>(k);
+  }
+  return true;
+}
+
+int echo_server(int port) {
+  const int lfd = listen_on(port, SOCK_NONBLOCK);
+  std::map<int, std::string> pending;  // fd -> bytes not yet echoed
+  std::vector<char> buf(1 << 16);
+  while (!g_stop) {
+    std::vector<pollfd> fds{{lfd, POLLIN, 0}};
+    for (auto &[fd, out] : pending)
+      fds.push_back({fd, static_cast<short>((out.size() < (4u << 20) ? POLLIN : 0) | (out.empty() ? 0 : POLLOUT)), 0});
+    if (gs_poll(fds.data(), fds.size(), 100) < 0) continue;
+    for (const pollfd &p : fds) {
+      if (!p.revents) continue;
+      if (p.fd == lfd) {
+        int c;
+        while ((c = gs_accept4(lfd, nullptr, nullptr, SOCK_NONBLOCK)) >= 0) pending[c];
+        continue;
+      }
+      std::string &out = pending[p.fd];
+      bool closed = false;
+      if (p.revents & (POLLIN | POLLHUP | POLLERR)) {
+        ssize_t n = gs_recv(p.fd, buf.data(), buf.size(), 0);
+        if (n > 0) out.append(buf.data(), static_cast<size_t>(n));
+        else if (n == 0 || n != -EAGAIN) closed = true;
+      }
+      while (!out.empty()) {
+        ssize_t n = gs_send(p.fd, out.data(), out.size(), 0);
+        if (n <= 0) break;
+        out.erase(0, static_cast<size_t>(n));
+      }
+      if (closed) {
+        gs_shutdown(p.fd, SHUT_WR);
+        gs_close(p.fd);
+        pending.erase(p.fd);
+      }
+    }
+  }
+  for (auto &[fd, out] : pending) gs_close(fd);
+  gs_close(lfd);
+  return 0;
+}
+
+int sink_server(int port, int count, int delay_us) {
+  const int lfd = listen_on(port, 0);
+  std::vector<uint8_t> buf(delay_us > 0 ? 4096 : (1 << 20));
+  for (int i = 0; i < count; ++i) {
+    const int c = gs_accept(lfd, nullptr, nullptr);
+    if (c < 0) die(3, "accept", c);
+    uint64_t bytes = 0, hash = 1469598103934665603ull;
+    for (;;) {
+      ssize_t n = gs_recv(c, buf.data(), buf.size(), 0);
+      if (n < 0) die(4, "sink recv", n);
+      if (n == 0) break;
+      hash = fnv1a(buf.data(), static_cast<size_t>(n), hash);
+      bytes += static_cast<uint64_t>(n);
+      if (delay_us > 0) usleep(static_cast<useconds_t>(delay_us));
+    }
+    char reply[64];
+    const int len = std::snprintf(reply, sizeof reply, "%" PRIu64 " %016" PRIx64, bytes, hash);
+    send_all(c, reinterpret_cast<uint8_t *>(reply), static_cast<size_t>(len));
+    gs_shutdown(c, SHUT_WR);
+    char tmp[16];
+    while (gs_recv(c, tmp, sizeof tmp, 0) > 0) {
+    }
+    gs_close(c);
+  }
+  gs_close(lfd);
+  return 0;
+}
+
+int source_client(int port, uint64_t bytes, uint32_t seed) {
+  const int fd = connect_to(port);
+  std::vector<uint8_t> buf(1 << 16);
+  for (uint64_t off = 0; off < bytes;) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(buf.size(), bytes - off));
+    for (size_t i = 0; i < n; ++i) buf[i] = pattern_byte(off + i, seed);
+    if (!send_all(fd, buf.data(), n)) die(6, "source send", -errno);
+    off += n;
+  }
+  if (int rc = gs_shutdown(fd, SHUT_WR); rc < 0) die(6, "shutdown", rc);
+  uint64_t count = 0;
+  if (!recv_all(fd, reinterpret_cast<uint8_t *>(&count), sizeof count)) die(7, "reply", -errno);
+  if (count != bytes) {
+    std::fprintf(stderr, "gpu_test_peer: GPU counted %" PRIu64 " bytes, sent %" PRIu64 "\n", count, bytes);
+    return 8;
+  }
+  char tmp[16];
+  ssize_t k = gs_recv(fd, tmp, sizeof tmp, 0);
+  if (k != 0) die(9, "expected EOF after the reply", k);
+  gs_close(fd);
+  return 0;
+}
+
+int echo_clients(int port, int conns, int msgs, size_t max_size, uint32_t seed) {
+  std::vector<int> fds;
+  for (int i = 0; i < conns; ++i) fds.push_back(connect_to(port));
+  std::mt19937 rng(seed);
+  std::vector<uint8_t> out(max_size), in(max_size);
+  uint64_t total = 0;
+  for (int m = 0; m < msgs; ++m) {
+    std::vector<size_t> sizes(fds.size());
+    for (size_t i = 0; i < fds.size(); ++i) {
+      sizes[i] = 1 + rng() % max_size;
+      for (size_t b = 0; b < sizes[i]; ++b) out[b] = pattern_byte(b + m * 7919 + i, seed);
+      if (!send_all(fds[i], out.data(), sizes[i])) die(10, "clients send", -errno);
+    }
+    for (size_t i = 0; i < fds.size(); ++i) {
+      if (!recv_all(fds[i], in.data(), sizes[i])) die(11, "clients recv", -errno);
+      for (size_t b = 0; b < sizes[i]; ++b)
+        if (in[b] != pattern_byte(b + m * 7919 + i, seed)) {
+          std::fprintf(stderr, "gpu_test_peer: connection %zu message %d byte %zu differs\n", i, m, b);
+          return 12;
+        }
+      total += sizes[i];
+    }
+  }
+  for (int fd : fds) gs_shutdown(fd, SHUT_WR);
+  for (int fd : fds) {
+    char tmp[16];
+    ssize_t k = gs_recv(fd, tmp, sizeof tmp, 0);
+    if (k != 0) die(13, "expected EOF from the GPU server", k);
+    gs_close(fd);
+  }
+  std::printf("echoed %" PRIu64 " bytes on %d connections\n", total, conns);
+  return 0;
+}
+
+int blast_client(int port) {
+  const int fd = connect_to(port);
+  std::vector<uint8_t> buf(1 << 16, 0x5A);
+  while (gs_send(fd, buf.data(), buf.size(), 0) > 0) {
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  signal(SIGTERM, [](int) { g_stop = 1; });
+  signal(SIGPIPE, SIG_IGN);
+  if (argc < 3) {
+    std::fprintf(stderr, "usage: %s echo|sink|source|clients|blast PORT ...\n", argv[0]);
+    return 1;
+  }
+  const std::string mode = argv[1];
+  const int port = std::atoi(argv[2]);
+  auto arg = [&](int i, long dflt) { return argc > i ? std::atol(argv[i]) : dflt; };
+  if (mode == "echo") return echo_server(port);
+  if (mode == "sink") return sink_server(port, static_cast<int>(arg(3, 1)), static_cast<int>(arg(4, 0)));
+  if (mode == "source") return source_client(port, static_cast<uint64_t>(arg(3, 0)), static_cast<uint32_t>(arg(4, 1)));
+  if (mode == "clients")
+    return echo_clients(port, static_cast<int>(arg(3, 1)), static_cast<int>(arg(4, 1)),
+                        static_cast<size_t>(arg(5, 1024)), static_cast<uint32_t>(arg(6, 1)));
+  if (mode == "blast") return blast_client(port);
+  return 1;
+}

@@ -1,0 +1,224 @@
+// gpusock GPU sockets, host side: the proxy that serves one GPU's sockets, and
+// the memory layout the GPU and the proxy share (the "channel").
+//
+//   GPU (gpusock/gpu.cuh)                     proxy (one CPU thread per GPU)
+//   ---------------------                     ------------------------------
+//   Request ring    host-mapped, GPU writes   polled by the proxy (its own DRAM)
+//   SocketStatus[]  proxy writes              polled by the GPU (one thread per
+//   ProxyShared     proxy writes               block or warp, with back-off)
+//   DeviceSocket[], claims, ticket            GPU memory, never touched by the CPU
+//   receive rings / send rings                GPU memory when the transport can
+//                                             register it, else pinned host memory
+//
+// The proxy never reads GPU memory and the GPU never reads anything the proxy
+// has to read back: each side polls memory the other side writes into, and the
+// request ring is a bounded multi-producer queue (a ticket counter in GPU
+// memory, a sequence word per entry) so the proxy touches only entries with
+// work. Status contract: >= 0 success, a negated errno on failure.
+#ifndef GPUSOCK_PROXY_H
+#define GPUSOCK_PROXY_H
+
+#include <gpusock/status.h>
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <memory>
+#include <string>
+
+namespace gpusock {
+
+// ------------------------------------------------------------------ channel ABI
+namespace channel {
+
+enum Op : uint32_t {
+  kOpNop = 0,       // completes at once (measures the doorbell round trip)
+  kOpData = 1,      // new send_tail / recv_read; no completion
+  kOpBind = 2,      // addr
+  kOpListen = 3,    // arg0 = backlog
+  kOpConnect = 4,   // addr; completes when the connect is under way
+  kOpAccept = 5,    // slot = the new socket, arg0/arg1 = listener slot/gen
+  kOpShutdown = 6,  // arg0 = SHUT_RD/SHUT_WR/SHUT_RDWR
+  kOpClose = 7,     // no completion: the slot is released once the proxy is done with it
+};
+
+inline constexpr uint32_t kMaxAddrLen = 28;  // sizeof(sockaddr_in6)
+
+// One request, written by one GPU thread (a block's or a warp's leader): all
+// fields, a system fence, then `seq` = ticket + 1. The proxy reads an entry only
+// once its seq matches the ticket it expects, so a stale lap never looks new.
+struct alignas(64) Request {
+  uint64_t seq;
+  uint32_t op;
+  uint32_t slot;
+  uint32_t gen;       // which socket on that slot (slots are reused)
+  uint32_t ctrl_seq;  // answered in SocketStatus::ctrl_done
+  uint64_t send_tail; // bytes the GPU has written into the send ring (absolute)
+  uint64_t recv_read; // bytes the GPU has consumed from the receive ring (absolute)
+  int32_t arg0;
+  int32_t arg1;
+  uint32_t addr_len;
+  uint32_t reserved;
+  uint8_t addr[kMaxAddrLen];
+};
+static_assert(sizeof(Request) == 128, "two cache lines: the GPU writes them with one burst");
+
+// SocketStatus::state bits.
+enum StateBits : uint32_t {
+  kStConnected = 1u << 0,    // established: data may flow
+  kStFailed = 1u << 1,       // connect failed / refused: `error`
+  kStRecvClosed = 1u << 2,   // no more bytes will arrive (EOF once recv_write is consumed)
+  kStHangup = 1u << 3,       // the connection is gone (both directions)
+  kStError = 1u << 4,        // reset, peer death or protocol violation: `error`
+  kStListening = 1u << 5,
+};
+
+// Written by the proxy, polled by the GPU; one per socket slot. Counters are
+// published before the state bits that depend on them, so a GPU that reads
+// `state` first and the counters second never sees EOF before the last bytes.
+struct alignas(64) SocketStatus {
+  uint64_t recv_write;     // bytes delivered into the receive ring (absolute)
+  uint64_t send_done;      // send-ring bytes the transport is finished with (absolute)
+  uint32_t state;          // StateBits
+  uint32_t releases;       // the slot is free when the GPU's claim count equals this
+  uint32_t ctrl_done;      // ctrl_seq of the last completed request
+  int32_t ctrl_result;     // its result (written before ctrl_done)
+  uint32_t buffer;         // buffer set (receive + send ring) of the connection
+  uint32_t accept_queued;  // listeners: established connections waiting for gaccept
+  int32_t error;           // negated errno behind kStFailed / kStError
+  int32_t send_error;      // negated errno once sending is impossible (EPIPE, ECONNRESET, ...)
+};
+static_assert(sizeof(SocketStatus) == 64, "one cache line per socket");
+
+// Written by the proxy, polled by the GPU.
+struct alignas(64) ProxyShared {
+  uint64_t consumed;  // requests taken off the ring (producers wait for room on it)
+  uint32_t stop;      // the host asked the kernel to finish
+  uint32_t reserved;
+};
+
+// GPU-private state of a socket (GPU memory; only its owner block/warp uses it).
+struct DeviceSocket {
+  uint64_t send_tail;
+  uint64_t recv_read;
+  uint32_t gen;
+  uint32_t ctrl_seq;
+  uint32_t flags;  // DeviceSocketFlags
+  uint32_t buffer;
+};
+
+enum DeviceSocketFlags : uint32_t {
+  kDevOpen = 1u << 0,
+  kDevNonblocking = 1u << 1,
+  kDevShutRd = 1u << 2,
+  kDevShutWr = 1u << 3,
+  kDevConnecting = 1u << 4,
+};
+
+// Everything a kernel needs, passed by value. Pointers are as the GPU sees
+// them (device pointers of host-mapped memory on CUDA; plain pointers on the
+// host backend).
+struct DeviceContext {
+  Request *requests = nullptr;
+  uint32_t request_mask = 0;  // entries - 1 (a power of two)
+  const ProxyShared *shared = nullptr;
+  const SocketStatus *status = nullptr;
+  DeviceSocket *sockets = nullptr;
+  uint32_t *claims = nullptr;        // per slot: times claimed (GPU atomics)
+  unsigned long long *ticket = nullptr;  // request tickets handed out (GPU atomics)
+  uint32_t *claim_cursor = nullptr;  // where the next slot search starts
+  uint8_t *rbufs = nullptr;          // buffer set i: rbufs + i * rbuf_size
+  uint8_t *sbufs = nullptr;          // buffer set i: sbufs + i * sbuf_size
+  uint32_t rbuf_size = 0;
+  uint32_t sbuf_size = 0;
+  uint32_t max_sockets = 0;
+  uint32_t buffer_sets = 0;
+};
+
+}  // namespace channel
+
+// ------------------------------------------------------------------ memory
+
+enum class MemoryKind : uint8_t {
+  kHostMapped,  // pinned host memory that the GPU reads and writes directly
+  kDevice,      // GPU memory; the CPU never reads or writes it
+};
+
+struct MemoryBlock {
+  void *host = nullptr;    // CPU address (nullptr for kDevice)
+  void *device = nullptr;  // GPU address
+  size_t size = 0;
+  MemoryKind kind = MemoryKind::kHostMapped;
+};
+
+// Where the proxy gets the memory the GPU shares with it. The host backend uses
+// host_memory_resource(); CUDA programs use gpusock::cuda_memory_resource()
+// from gpusock/gpu.cuh.
+class MemoryResource {
+ public:
+  virtual ~MemoryResource() = default;
+  virtual const char *name() const = 0;
+  // True when kDevice memory is real GPU memory (not host memory).
+  virtual bool has_device_memory() const = 0;
+  // Zero-filled. Returns 0 or a negated errno.
+  virtual int allocate(MemoryKind kind, size_t size, MemoryBlock *out) = 0;
+  virtual void release(MemoryBlock *block) = 0;
+};
+
+// Plain host memory for every kind: the host backend, where "GPU" threads are
+// host threads.
+std::unique_ptr<MemoryResource> host_memory_resource();
+
+// ------------------------------------------------------------------ the proxy
+
+struct ProxyOptions {
+  std::string transport;            // "" = GPUSOCK_TRANSPORT, else the default transport
+  uint32_t max_sockets = 256;       // socket slots (listeners + connections)
+  uint32_t spare_buffer_sets = 64;  // connections accepted but not yet taken by gaccept
+  uint32_t rbuf_size = 1u << 16;    // receive ring per connection (even, >= 4096)
+  uint32_t sbuf_size = 1u << 16;    // send ring per connection (>= 4096)
+  uint32_t request_entries = 1024;  // request ring entries (rounded up to a power of two)
+  int busy_poll_us = 200;           // spin this long after the last work before backing off
+  int close_flush_ms = 5000;        // how long a closed connection may take to flush
+  bool quiet = false;               // do not print the memory placement line at start
+};
+
+struct ProxyStats {
+  uint64_t requests = 0;
+  uint64_t connections = 0;        // established, both directions
+  uint64_t full_ring_drains = 0;   // passes that found a whole ring of requests (GPU producers were waiting)
+  uint64_t rejected_no_buffer = 0; // incoming connections left waiting: no spare buffer set
+};
+
+class Proxy {
+ public:
+  // Opens the transport, allocates the channel and every buffer set from
+  // `memory` (which must outlive the proxy) and starts the proxy thread.
+  static int start(const ProxyOptions &options, MemoryResource *memory, std::unique_ptr<Proxy> *out);
+  ~Proxy();  // stop()
+  Proxy(const Proxy &) = delete;
+  Proxy &operator=(const Proxy &) = delete;
+
+  // What kernels take (by value).
+  const channel::DeviceContext &device_context() const;
+  // Asks kernels to finish: gshould_stop() turns true and blocking calls return
+  // -ESHUTDOWN.
+  void request_kernel_stop();
+  // Flushes and closes every connection (bounded by close_flush_ms), stops the
+  // thread and frees the memory. Call after the kernel finished.
+  void stop();
+
+  // One line: the transport, and where the rings live and why.
+  const std::string &placement() const;
+  ProxyStats stats() const;
+
+  class Impl;
+
+ private:
+  explicit Proxy(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace gpusock
+
+#endif
