@@ -75,6 +75,7 @@ enum class CmEventKind : uint8_t {
 struct CmEvent {
   CmEventKind kind = CmEventKind::kNone;
   int status = 0;
+  const char *reason = nullptr;  // static text explaining a failure, if the transport has one
   uint8_t peer_private_data[64] = {};
   uint32_t peer_private_len = 0;
 };

@@ -53,6 +53,7 @@ GS_HD void encode_conn_record(const ConnRecord &r, uint8_t out[kConnRecordSize])
 enum class RecordError : uint8_t {
   kNone,
   kTooShort,
+  kNotRsocket,
   kBadVersion,
   kBadSglCount,
   kNoCredits,
@@ -63,6 +64,7 @@ GS_HD const char *record_error_text(RecordError e) {
   switch (e) {
     case RecordError::kNone: return "ok";
     case RecordError::kTooShort: return "connection record shorter than 40 bytes (peer is not an rsocket)";
+    case RecordError::kNotRsocket: return "peer is not an rsocket: its connection data holds no rsocket record";
     case RecordError::kBadVersion: return "connection record version is not 1 (peer speaks another rsocket version)";
     case RecordError::kBadSglCount: return "connection record target SGL table does not have 2 entries";
     case RecordError::kNoCredits: return "connection record grants no credits";
@@ -89,7 +91,9 @@ GS_HD int decode_conn_record(const uint8_t *in, size_t len, ConnRecord *r, Recor
     r->data_buf.addr = load_be64(in + 24);
     r->data_buf.key = load_be32(in + 32);
     r->data_buf.length = load_be32(in + 36);
-    if (r->version != kRsVersion) e = RecordError::kBadVersion;
+    // Version 0 is what a non-rsocket peer's zero-padded CM data reads as.
+    if (r->version == 0) e = RecordError::kNotRsocket;
+    else if (r->version != kRsVersion) e = RecordError::kBadVersion;
     else if (r->target_sgl.length != kSglSize) e = RecordError::kBadSglCount;
     else if (r->credits == 0) e = RecordError::kNoCredits;
     else if (r->data_buf.length == 0 || r->data_buf.length > kMaxDataLength ||

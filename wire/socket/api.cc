@@ -50,7 +50,12 @@ T with_socket(int fd, F f) {
     int status = 0;
     auto socket = lookup(fd, &status);
     if (!socket) return finish<T>(status);
-    return finish<T>(static_cast<T>(f(*socket)));
+    const T result = static_cast<T>(f(*socket));
+    if (result < 0 && result != -EAGAIN && result != -EINPROGRESS) {
+      const std::string text = socket->error_text();
+      if (!text.empty()) gpusock::socket::set_last_error("%s", text.c_str());
+    }
+    return finish<T>(result);
   });
 }
 

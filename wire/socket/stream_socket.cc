@@ -109,8 +109,24 @@ void StreamSocket::release_connection() {
 
 int StreamSocket::fail_locked(int err, const char *why) {
   so_error_ = -err;
-  set_last_error("gpusock: %s: %s", why, gs_status_name(err));
+  note_error_locked(err, why);
   return err;
+}
+
+// Kept with the socket, because the thread that sees an error (the one calling
+// recv) is often not the one that found it (the background thread).
+void StreamSocket::note_error_locked(int err, const char *why) {
+  char text[256];
+  std::snprintf(text, sizeof text, "gpusock: %s (%s)", why, gs_status_name(err));
+  error_text_ = text;
+  set_last_error("%s", text);
+}
+
+std::string StreamSocket::error_text() {
+  std::lock_guard lock(mu_);
+  if (error_text_.empty() && role_ == Role::kConnected && core_.state() == StreamState::kError)
+    note_error_locked(core_.error(), core_.error_reason() ? core_.error_reason() : "connection failed");
+  return error_text_;
 }
 
 // ---------------------------------------------------------------- set-up
@@ -315,6 +331,7 @@ bool StreamSocket::poll_cm_locked() {
     case CmEventKind::kError:
       if (role_ == Role::kConnecting || role_ == Role::kAccepting) {
         so_error_ = event.status < 0 ? -event.status : ECONNREFUSED;
+        note_error_locked(-so_error_, event.reason ? event.reason : "connect failed");
         release_connection();
         role_ = role_ == Role::kConnecting ? Role::kNew : Role::kClosed;
       } else {
@@ -363,7 +380,7 @@ bool StreamSocket::poll_completions_locked() {
       } else if (core_.on_recv_imm(c.imm, c.length) < 0) {
         // A protocol violation ends this connection only: cut the peer off now.
         Engine::get().log(1, "closing connection: %s", core_.error_reason());
-        set_last_error("gpusock: %s", core_.error_reason());
+        note_error_locked(core_.error(), core_.error_reason());
         endpoint_->disconnect();
       }
     }
@@ -594,7 +611,15 @@ bool StreamSocket::close_finished() {
   std::lock_guard lock(mu_);
   if (role_ != Role::kConnected) return true;
   progress_locked();
-  return core_.ready_for_teardown() || Clock::now() >= close_deadline_;
+  const auto now = Clock::now();
+  if (now >= close_deadline_ || core_.state() == StreamState::kError) return true;
+  if (!core_.ready_for_teardown()) return false;
+  // Our DISCONNECT is through. Keep reading for a moment before tearing the
+  // transport down: the peer may still have credit updates in flight, and a
+  // kernel TCP socket closed with unread data resets the connection, which can
+  // discard the tail of what we sent (fabric:tcp).
+  if (teardown_at_ == Clock::time_point{}) teardown_at_ = now + std::chrono::milliseconds(50);
+  return now >= teardown_at_;
 }
 
 short StreamSocket::ready_events(short requested) {

@@ -16,6 +16,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 namespace gpusock::socket {
@@ -76,6 +77,8 @@ class StreamSocket {
   Clock::time_point close_deadline() const { return close_deadline_; }
   bool has_background_work();
   bool lingers() const { return options_.linger_opt.l_onoff != 0; }
+  // What went wrong last on this socket, in words ("" if nothing did).
+  std::string error_text();
 
   // How many fds refer to this socket (dup); the last close closes it.
   std::atomic<int> fd_refs{0};
@@ -90,6 +93,7 @@ class StreamSocket {
   bool accept_requests_locked();
   void handle_cm_disconnect_locked(int status);
   int fail_locked(int err, const char *why);
+  void note_error_locked(int err, const char *why);
   int wait_connected_locked(std::unique_lock<std::mutex> &lock);
   void keepalive_tick_locked();
   template <class Pred>
@@ -102,6 +106,7 @@ class StreamSocket {
   Role role_ = Role::kNew;
   SocketOptions options_;
   int so_error_ = 0;
+  std::string error_text_;
   sockaddr_storage local_addr_{};
   socklen_t local_len_ = 0;
   sockaddr_storage peer_addr_{};
@@ -119,6 +124,7 @@ class StreamSocket {
   uint32_t ctrl_stage_next_ = 0;
   bool closing_ = false;
   Clock::time_point close_deadline_{};
+  Clock::time_point teardown_at_{};
   Clock::time_point next_keepalive_{};
 
   // listener

@@ -118,7 +118,7 @@ TEST(ConnRecord, LocalFlagsOnLittleEndianHost) {
 
 TEST(ConnRecord, BadVersionIsEprotonosupport) {
   // §1.3: version must be 1; other versions are another protocol.
-  for (uint8_t v : {0, 2, 3, 0x7F, 0xFF}) {
+  for (uint8_t v : {2, 3, 0x7F, 0xFF}) {
     std::vector<uint8_t> b(kGoldenX86, kGoldenX86 + kConnRecordSize);
     b[0] = v;
     ConnRecord r;
@@ -126,6 +126,16 @@ TEST(ConnRecord, BadVersionIsEprotonosupport) {
     EXPECT_EQ(decode(b, &r, &why), -EPROTONOSUPPORT) << "version " << int(v);
     EXPECT_EQ(why, RecordError::kBadVersion);
   }
+}
+
+TEST(ConnRecord, ZeroVersionIsNotAnRsocket) {
+  // A peer that is no rsocket leaves zero-padded CM data: version 0 reads as
+  // "not an rsocket", not as another version of the protocol.
+  std::vector<uint8_t> b(kConnRecordSize, 0);
+  ConnRecord r;
+  RecordError why = RecordError::kNone;
+  EXPECT_EQ(decode(b, &r, &why), -EPROTO);
+  EXPECT_EQ(why, RecordError::kNotRsocket);
 }
 
 TEST(ConnRecord, ShortInputIsEproto) {

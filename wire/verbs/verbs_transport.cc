@@ -23,6 +23,10 @@ constexpr int kResolveTimeoutMs = 2000;
 constexpr uint32_t kDefaultInline = 64;
 constexpr int kPostRecvBatch = 64;
 constexpr uint64_t kSkipCompletion = ~uint64_t(0);
+// Receives carry this tag: a failed completion defines only wr_id and status,
+// not the opcode, so wr_id alone must tell receives from writes (tokens are
+// sequence numbers and never reach bit 62).
+constexpr uint64_t kRecvTag = uint64_t(1) << 62;
 
 const TransportCaps kVerbsCaps = {
     .name = "verbs",
@@ -181,12 +185,12 @@ class VerbsEndpoint final : public Endpoint {
     while (count > 0) {
       const int n = static_cast<int>(std::min<uint32_t>(count, kPostRecvBatch));
       for (int i = 0; i < n; ++i) {
-        wrs[i].wr_id = 0;
+        wrs[i].wr_id = kRecvTag;
         wrs[i].num_sge = 0;
         if (!msg_words_.empty()) {
           const uint32_t slot = msg_next_post_++ % msg_words_.size();
           words[i] = {reinterpret_cast<uintptr_t>(&msg_words_[slot]), sizeof(uint32_t), msg_mr_->lkey};
-          wrs[i].wr_id = slot;
+          wrs[i].wr_id = kRecvTag | slot;
           wrs[i].sg_list = &words[i];
           wrs[i].num_sge = 1;
         }
@@ -207,18 +211,19 @@ class VerbsEndpoint final : public Endpoint {
     if (n < 0) return -EIO;
     int produced = 0;
     for (int i = 0; i < n; ++i) {
-      if (!(wc[i].opcode & IBV_WC_RECV) && wc[i].wr_id == kSkipCompletion && wc[i].status == IBV_WC_SUCCESS)
-        continue;  // the payload half of an iWARP message; its send completes the token
+      if (wc[i].wr_id == kSkipCompletion && wc[i].status == IBV_WC_SUCCESS) continue;  // the payload half of an iWARP message; its send completes the token
       Completion &c = out[produced++];
       c = Completion{};
       c.status = wc[i].status == IBV_WC_SUCCESS ? 0 : (wc[i].status == IBV_WC_WR_FLUSH_ERR ? -ECONNRESET : -EIO);
-      if (wc[i].opcode & IBV_WC_RECV) {
+      if (wc[i].wr_id != kSkipCompletion && (wc[i].wr_id & kRecvTag)) {
         c.kind = CompletionKind::kRecvImm;
-        if (wc[i].opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
+        if (wc[i].status != IBV_WC_SUCCESS) {
+          // flushed or failed: no immediate to report
+        } else if (wc[i].opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
           c.imm = be32toh(wc[i].imm_data);
           c.length = wc[i].byte_len;
         } else if (!msg_words_.empty()) {  // iWARP message word, sender's host order
-          c.imm = msg_words_[wc[i].wr_id % msg_words_.size()];
+          c.imm = msg_words_[(wc[i].wr_id & ~kRecvTag) % msg_words_.size()];
         }
       } else {
         c.kind = CompletionKind::kWriteDone;
@@ -520,7 +525,14 @@ int VerbsEndpoint::poll_cm(CmEvent *out) {
     case RDMA_CM_EVENT_UNREACHABLE:
     case RDMA_CM_EVENT_CONNECT_ERROR:
       out->kind = CmEventKind::kRejected;
-      out->status = status_of_cm_failure(type);
+      // The event's own status says most (e.g. -ENODEV for loopback, which
+      // rdma_cm cannot reach); a reject carries a CM reason instead.
+      out->status = type != RDMA_CM_EVENT_REJECTED && event->status < 0 ? event->status : status_of_cm_failure(type);
+      out->reason = type == RDMA_CM_EVENT_REJECTED      ? "the peer rejected the connection (no rsocket listener on that port, or a bad record)"
+                    : type == RDMA_CM_EVENT_ADDR_ERROR  ? "rdma_cm could not resolve the address to an RDMA device (ADDR_ERROR)"
+                    : type == RDMA_CM_EVENT_ROUTE_ERROR ? "rdma_cm could not resolve a route to the peer (ROUTE_ERROR)"
+                    : type == RDMA_CM_EVENT_UNREACHABLE ? "the peer is unreachable over RDMA (UNREACHABLE)"
+                                                        : "the RDMA connection failed (CONNECT_ERROR)";
       break;
     default:
       result = 0;  // TIMEWAIT_EXIT and friends: nothing for the caller
