@@ -1,0 +1,132 @@
+// Shared helpers of the interop test programs: deterministic byte patterns,
+// FNV-1a checksums, clocks, errno names and tiny argument parsing. Header-only,
+// no dependency on gpusock or librdmacm (the xfer peer is built against both).
+#pragma once
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include <cerrno>
+#include <cstdarg>
+#include <cinttypes>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace interop {
+
+// A byte stream that depends only on its seed: the sender fills with it, the
+// receiver checks against its own copy, chunk by chunk (any split works).
+class Pattern {
+ public:
+  explicit Pattern(uint64_t seed) : state_(seed * 0x9E3779B97F4A7C15ull + 0x2545F4914F6CDD1Dull) {}
+  uint8_t next() {
+    if (left_ == 0) {
+      state_ = state_ * 6364136223846793005ull + 1442695040888963407ull;
+      word_ = state_ ^ (state_ >> 29);
+      left_ = 8;
+    }
+    const uint8_t b = static_cast<uint8_t>(word_);
+    word_ >>= 8;
+    --left_;
+    return b;
+  }
+  void fill(uint8_t *p, size_t n) {
+    for (size_t i = 0; i < n; ++i) p[i] = next();
+  }
+  // Returns the index of the first byte that differs, or n if all match.
+  size_t check(const uint8_t *p, size_t n) {
+    for (size_t i = 0; i < n; ++i)
+      if (p[i] != next()) return i;
+    return n;
+  }
+
+ private:
+  uint64_t state_;
+  uint64_t word_ = 0;
+  int left_ = 0;
+};
+
+// FNV-1a 64, updated incrementally.
+struct Fnv {
+  uint64_t h = 1469598103934665603ull;
+  void add(const uint8_t *p, size_t n) {
+    for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  }
+};
+
+inline double now_s() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
+inline void sleep_ms(long ms) {
+  timespec ts{ms / 1000, (ms % 1000) * 1000000L};
+  nanosleep(&ts, nullptr);
+}
+
+inline const char *errname(int e) {
+  if (e < 0) e = -e;
+  const char *n = strerrorname_np(e);
+  return n ? n : "E?";
+}
+
+inline sockaddr_in make_addr(const char *host, int port) {
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  if (inet_pton(AF_INET, host, &a.sin_addr) != 1) {
+    std::fprintf(stderr, "bad IPv4 address: %s\n", host);
+    std::exit(2);
+  }
+  return a;
+}
+
+// --name value / --name=value options after the positional ones.
+class Args {
+ public:
+  Args(int argc, char **argv, int first) {
+    for (int i = first; i < argc; ++i) {
+      std::string a = argv[i];
+      if (a.rfind("--", 0) != 0) {
+        positional_.push_back(a);
+        continue;
+      }
+      const size_t eq = a.find('=');
+      if (eq != std::string::npos) {
+        opts_.emplace_back(a.substr(2, eq - 2), a.substr(eq + 1));
+      } else if (i + 1 < argc) {
+        opts_.emplace_back(a.substr(2), argv[++i]);
+      } else {
+        opts_.emplace_back(a.substr(2), "");
+      }
+    }
+  }
+  std::string str(const char *name, const std::string &fallback = "") const {
+    for (auto &[k, v] : opts_)
+      if (k == name) return v;
+    return fallback;
+  }
+  long num(const char *name, long fallback) const {
+    const std::string v = str(name);
+    return v.empty() ? fallback : std::strtol(v.c_str(), nullptr, 0);
+  }
+  bool has(const char *name) const {
+    for (auto &[k, v] : opts_)
+      if (k == name) return true;
+    return false;
+  }
+  const std::vector<std::string> &positional() const { return positional_; }
+
+ private:
+  std::vector<std::pair<std::string, std::string>> opts_;
+  std::vector<std::string> positional_;
+};
+
+}  // namespace interop
