@@ -4,6 +4,7 @@
 
 #include <gpusock/socket.h>
 
+#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -221,7 +222,14 @@ int StreamSocket::connect(const sockaddr *addr, socklen_t len) {
   if (rc < 0) {
     release_connection();
     if (rc == -ECONNREFUSED) return rc;
-    return fail_locked(rc, "connect failed");
+    char host[INET6_ADDRSTRLEN] = "?";
+    const void *ip = family_ == AF_INET6 ? static_cast<const void *>(&reinterpret_cast<const sockaddr_in6 *>(addr)->sin6_addr)
+                                         : static_cast<const void *>(&reinterpret_cast<const sockaddr_in *>(addr)->sin_addr);
+    inet_ntop(family_, ip, host, sizeof host);
+    char why[160];
+    std::snprintf(why, sizeof why, "connect to %s failed%s", host,
+                  rc == -ENODEV ? ": no RDMA device serves that address (loopback never does)" : "");
+    return fail_locked(rc, why);
   }
   role_ = Role::kConnecting;
   if (nonblocking_) return -EINPROGRESS;

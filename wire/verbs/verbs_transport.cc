@@ -483,6 +483,7 @@ int VerbsEndpoint::poll_cm(CmEvent *out) {
       if (rdma_resolve_route(id_, kResolveTimeoutMs)) {
         out->kind = CmEventKind::kRejected;
         out->status = -errno;
+        out->reason = "rdma_cm could not resolve a route to that address (no RDMA device serves it; loopback never does)";
       } else {
         result = 0;
       }
@@ -496,6 +497,8 @@ int VerbsEndpoint::poll_cm(CmEvent *out) {
       if (rc < 0) {
         out->kind = CmEventKind::kRejected;
         out->status = rc;
+        out->reason = rc == -EXDEV ? "the address resolves to another RDMA device than the one in use (GPUSOCK_VERBS_DEVICE)"
+                                   : "could not create the queue pair or send the connect request";
       } else {
         result = 0;
       }
