@@ -259,8 +259,17 @@ void Connection::begin_close(Clock::time_point deadline) {
   }
 }
 
+void Connection::abort() {
+  closing_ = true;
+  aborted_ = true;
+  if (endpoint_) {
+    endpoint_->disconnect();
+    endpoint_.reset();
+  }
+}
+
 bool Connection::close_finished() {
-  if (role_ != ConnRole::kConnected) return true;
+  if (aborted_ || role_ != ConnRole::kConnected) return true;
   progress();
   return core_.ready_for_teardown() || Clock::now() >= close_deadline_;
 }

@@ -61,6 +61,8 @@ class Connection {
   void apply_gpu_positions(uint64_t send_tail, uint64_t recv_read);
   int shutdown(int how);
   void begin_close(Clock::time_point deadline);
+  // Drops the connection without the in-band DISCONNECT: the peer sees a reset.
+  void abort();
   // Flushed and disconnected (or out of time): it may be destroyed.
   bool close_finished();
 
@@ -81,6 +83,7 @@ class Connection {
   int error_ = 0;  // connect failure (negated errno)
   bool transport_established_ = false;
   bool closing_ = false;
+  bool aborted_ = false;
   Clock::time_point close_deadline_{};
 
   std::unique_ptr<wire::Endpoint> endpoint_;

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -90,6 +91,8 @@ class Proxy::Impl {
   DeviceContext ctx_{};
   std::string placement_;
   std::atomic<uint64_t> stat_requests_{0}, stat_connections_{0}, stat_full_laps_{0}, stat_no_buffer_{0};
+  std::atomic<uint64_t> stat_orphans_{0};
+  int kernel_exited(int grid_status);
 
  private:
   struct Shadow {
@@ -106,7 +109,8 @@ class Proxy::Impl {
   bool progress_listener(uint32_t index, Slot &slot);
   bool progress_closing();
   void publish_slot(uint32_t index);
-  void release_slot(uint32_t index);
+  void release_slot(uint32_t index, bool abort = false);
+  void close_orphans();
   void activate(uint32_t index);
   int take_buffer_set(BufferSet *out);
   void return_buffer_set(const BufferSet &set);
@@ -131,6 +135,11 @@ class Proxy::Impl {
   std::thread thread_;
   std::atomic<bool> stopping_{false};
   bool started_ = false;
+  // kernel_exited(): the caller posts a request, the proxy thread answers it.
+  std::mutex orphan_call_;
+  std::atomic<uint64_t> orphan_asked_{0}, orphan_answered_{0};
+  std::atomic<bool> orphan_abort_{false};
+  std::atomic<int> orphan_result_{0};
 };
 
 int Proxy::Impl::start(const ProxyOptions &options_in, MemoryResource *memory) {
@@ -261,6 +270,8 @@ void Proxy::Impl::loop() {
   auto last_work = Clock::now();
   long sleep_us = 5;
   while (!stopping_.load(std::memory_order_relaxed)) {
+    if (orphan_asked_.load(std::memory_order_acquire) != orphan_answered_.load(std::memory_order_relaxed))
+      close_orphans();
     bool did = drain_requests();
     did |= progress_active();
     did |= progress_closing();
@@ -275,6 +286,42 @@ void Proxy::Impl::loop() {
     nanosleep(&ts, nullptr);
     sleep_us = std::min<long>(sleep_us * 2, 50);
   }
+}
+
+// The kernel is gone: whatever it published is taken first (its last data and
+// gclose requests), then every slot still in use is closed as by gclose, or
+// reset when the kernel failed.
+void Proxy::Impl::close_orphans() {
+  const uint64_t asked = orphan_asked_.load(std::memory_order_acquire);
+  const bool abort = orphan_abort_.load(std::memory_order_relaxed);
+  while (drain_requests()) {
+  }
+  int closed = 0;
+  for (uint32_t i = 0; i < slots_.size(); ++i) {
+    if (!slots_[i].in_use) continue;
+    release_slot(i, abort);
+    ++closed;
+  }
+  if (closed > 0) {
+    stat_orphans_.fetch_add(static_cast<uint64_t>(closed), std::memory_order_relaxed);
+    std::fprintf(stderr, "gpusock proxy: the kernel %s with %d socket%s open: %s\n",
+                 abort ? "failed" : "returned", closed, closed == 1 ? "" : "s",
+                 abort ? "reset them" : "flushing and closing them");
+  }
+  orphan_result_.store(closed, std::memory_order_relaxed);
+  orphan_answered_.store(asked, std::memory_order_release);
+}
+
+int Proxy::Impl::kernel_exited(int grid_status) {
+  if (!thread_.joinable()) return 0;
+  std::lock_guard<std::mutex> lock(orphan_call_);
+  orphan_abort_.store(grid_status < 0, std::memory_order_relaxed);
+  const uint64_t ticket = orphan_asked_.fetch_add(1, std::memory_order_acq_rel) + 1;
+  while (orphan_answered_.load(std::memory_order_acquire) != ticket) {
+    if (stopping_.load(std::memory_order_relaxed)) return -ESHUTDOWN;
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+  return orphan_result_.load(std::memory_order_relaxed);
 }
 
 // ---------------------------------------------------------------- requests
@@ -438,7 +485,7 @@ void Proxy::Impl::handle(const Request &r) {
 
 // The socket is closed: its connection finishes in the background, and the
 // slot goes back to the GPU at once (its buffer set stays with the connection).
-void Proxy::Impl::release_slot(uint32_t index) {
+void Proxy::Impl::release_slot(uint32_t index, bool abort) {
   Slot &s = slots_[index];
   if (s.listener) {
     for (auto &c : s.listener->accepting) retire(std::move(c));
@@ -446,7 +493,8 @@ void Proxy::Impl::release_slot(uint32_t index) {
     s.listener.reset();
   }
   if (s.conn) {
-    s.conn->begin_close(Clock::now() + std::chrono::milliseconds(options_.close_flush_ms));
+    if (abort) s.conn->abort();
+    else s.conn->begin_close(Clock::now() + std::chrono::milliseconds(options_.close_flush_ms));
     closing_.push_back(std::move(s.conn));
   }
   s.addr_len = 0;
@@ -628,6 +676,7 @@ int Proxy::start(const ProxyOptions &options, MemoryResource *memory, std::uniqu
 
 const DeviceContext &Proxy::device_context() const { return impl_->ctx_; }
 void Proxy::request_kernel_stop() { impl_->request_kernel_stop(); }
+int Proxy::kernel_exited(int grid_status) { return impl_ ? impl_->kernel_exited(grid_status) : 0; }
 void Proxy::stop() {
   if (impl_) impl_->stop();
 }
@@ -639,6 +688,7 @@ ProxyStats Proxy::stats() const {
   s.connections = impl_->stat_connections_.load();
   s.full_ring_drains = impl_->stat_full_laps_.load();
   s.rejected_no_buffer = impl_->stat_no_buffer_.load();
+  s.orphans_closed = impl_->stat_orphans_.load();
   return s;
 }
 

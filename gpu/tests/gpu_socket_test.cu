@@ -506,6 +506,66 @@ struct ErrorsKernel {
   }
 };
 
+// Opens three sockets and leaves them open: a connection to connect_port with
+// 1000 bytes sent, a listener on listen_port, and the connection it accepted
+// with 100 bytes read. Then it returns, or traps (CUDA only), without gclose.
+struct OrphanKernel {
+  DeviceContext ctx;
+  int connect_port;
+  int listen_port;
+  uint8_t *buf;
+  int trap;
+  AgentResult *out;
+  GS_DEV void operator()() const {
+    for (uint32_t i = thread_rank(); i < 1000; i += block_dim()) buf[i] = static_cast<uint8_t>(i);
+    sync_block();
+    int err = 0;
+    const int s1 = connect_retry(ctx, connect_port);
+    const ssize_t sent = s1 < 0 ? s1 : gsend(ctx, s1, buf, 1000, 0, 20000);
+    if (sent != 1000) err = sent < 0 ? static_cast<int>(sent) : -EIO;
+    const int l = gsocket(ctx, AF_INET, SOCK_STREAM);
+    const sockaddr_in a = loopback(listen_port);
+    int rc = l < 0 ? l : gbind(ctx, l, reinterpret_cast<const sockaddr *>(&a), sizeof a);
+    if (rc == 0) rc = glisten(ctx, l, 4);
+    if (rc < 0 && err == 0) err = rc;
+    const int s2 = rc < 0 ? rc : gaccept(ctx, l, 0, 20000);
+    const ssize_t got = s2 < 0 ? s2 : grecv(ctx, s2, buf + 1024, 100, MSG_WAITALL, 20000);
+    if (got != 100 && err == 0) err = got < 0 ? static_cast<int>(got) : -EIO;
+    if (thread_rank() == 0) {
+      out->value = sent;
+      out->bytes = got;
+      out->error = err;
+      publish_i32(&out->done, 1);
+    }
+    sync_block();
+#if defined(__CUDA_ARCH__)
+    if (trap) __trap();
+#endif
+  }
+};
+
+// Claims sockets until none is left, then closes them: how many slots are free.
+struct ClaimAllKernel {
+  DeviceContext ctx;
+  int *fds;
+  int max;
+  AgentResult *out;
+  GS_DEV void operator()() const {
+    int n = 0;
+    for (; n < max; ++n) {
+      const int s = gsocket(ctx, AF_INET, SOCK_STREAM);
+      if (s < 0) break;
+      if (thread_rank() == 0) fds[n] = s;
+    }
+    sync_block();
+    for (int i = 0; i < n; ++i) gclose(ctx, fds[i]);
+    if (thread_rank() == 0) {
+      out->value = n;
+      publish_i32(&out->done, 1);
+    }
+  }
+};
+
 // ---------------------------------------------------------------- fixture
 
 class GpuSockets : public ::testing::Test {
@@ -828,10 +888,113 @@ TEST_F(GpuSockets, ReceiveRingFullSlowGpuLosesNothing) {
   EXPECT_EQ(code, 0);
 }
 
+// A kernel returns with three sockets open: kernel_exited(0) closes them, the
+// peers read every byte, then EOF, and the slots are free for the next kernel.
+TEST_F(GpuSockets, KernelReturnsWithoutClosingPeersSeeEof) {
+  ProxyOptions options;
+  options.max_sockets = 8;
+  start_proxy(options);
+  const int port1 = free_port(), port2 = free_port();
+  Peer reader({"eofwait-accept", std::to_string(port1), "1000"});
+  Peer writer({"eofwait-connect", std::to_string(port2), "100"});
+  uint8_t *buf = mem_.alloc<uint8_t>(4096);
+  AgentResult *r = mem_.alloc<AgentResult>(1);
+  run(1, kBlockThreads, OrphanKernel{ctx_, port1, port2, buf, 0, r}, r, 1, 60000);
+  ASSERT_EQ(r->error, 0) << gs_status_name(r->error);
+  EXPECT_EQ(proxy_->kernel_exited(0), 3) << "a connection each way and a listener were left open";
+  int code1 = -1, code2 = -1;
+  ASSERT_TRUE(reader.wait_exit(15000, &code1)) << "the peer of the GPU's connect hangs";
+  ASSERT_TRUE(writer.wait_exit(15000, &code2)) << "the peer the GPU accepted hangs";
+  EXPECT_EQ(code1, 0) << "expected all 1000 bytes, then EOF";
+  EXPECT_EQ(code2, 0) << "expected EOF";
+  EXPECT_EQ(proxy_->stats().orphans_closed, 3u);
+  int *fds = mem_.alloc<int>(16);
+  AgentResult *r2 = mem_.alloc<AgentResult>(1);
+  run(1, kBlockThreads, ClaimAllKernel{ctx_, fds, 16, r2}, r2, 1, 20000);
+  EXPECT_EQ(r2->value, 8) << "every slot is free again";
+}
+
+// The abort path on every backend: told that the kernel failed, the proxy
+// resets what it left open; the peers see ECONNRESET (or EOF), never a hang.
+TEST_F(GpuSockets, KernelFailedProxyResetsSockets) {
+  start_proxy();
+  const int port1 = free_port(), port2 = free_port();
+  Peer reader({"eofwait-accept", std::to_string(port1)});
+  Peer writer({"eofwait-connect", std::to_string(port2), "100"});
+  uint8_t *buf = mem_.alloc<uint8_t>(4096);
+  AgentResult *r = mem_.alloc<AgentResult>(1);
+  run(1, kBlockThreads, OrphanKernel{ctx_, port1, port2, buf, 0, r}, r, 1, 60000);
+  ASSERT_EQ(r->error, 0) << gs_status_name(r->error);
+  EXPECT_EQ(proxy_->kernel_exited(-EIO), 3);
+  int code1 = -1, code2 = -1;
+  ASSERT_TRUE(reader.wait_exit(15000, &code1)) << "the peer of the GPU's connect hangs";
+  ASSERT_TRUE(writer.wait_exit(15000, &code2)) << "the peer the GPU accepted hangs";
+  EXPECT_TRUE(code1 == 0 || code1 == 10) << "EOF or ECONNRESET expected, exit " << code1;
+  EXPECT_TRUE(code2 == 0 || code2 == 10) << "EOF or ECONNRESET expected, exit " << code2;
+}
+
+#if defined(__CUDACC__)
+// The same kernel traps in a child process (a trap ends the CUDA context):
+// Grid::wait() fails, kernel_exited(-EIO) resets the connections, and the
+// peers see EOF or ECONNRESET, never a hang.
+TEST_F(GpuSockets, KernelTrapsPeersSeeEofOrReset) {
+  const int port1 = free_port(), port2 = free_port();
+  Peer reader({"eofwait-accept", std::to_string(port1)});
+  Peer writer({"eofwait-connect", std::to_string(port2), "100"});
+  Peer child({"--orphan-child", std::to_string(port1), std::to_string(port2)}, self_binary());
+  int child_code = -1, code1 = -1, code2 = -1;
+  ASSERT_TRUE(child.wait_exit(60000, &child_code)) << "the trapping process hangs";
+  EXPECT_EQ(child_code, 0) << "the child expected Grid::wait() to fail and 3 sockets to be closed";
+  ASSERT_TRUE(reader.wait_exit(15000, &code1)) << "the peer of the GPU's connect hangs";
+  ASSERT_TRUE(writer.wait_exit(15000, &code2)) << "the peer the GPU accepted hangs";
+  EXPECT_TRUE(code1 == 0 || code1 == 10) << "EOF or ECONNRESET expected, exit " << code1;
+  EXPECT_TRUE(code2 == 0 || code2 == 10) << "EOF or ECONNRESET expected, exit " << code2;
+}
+
+// The child of KernelTrapsPeersSeeEofOrReset: exit 0 when the kernel failed and
+// the proxy closed the three sockets it left.
+int orphan_child(int port1, int port2) {
+  auto memory = memory_resource_for(kBackend);
+  std::unique_ptr<Proxy> proxy;
+  ProxyOptions options;
+  options.quiet = true;
+  if (Proxy::start(options, memory.get(), &proxy) < 0) return 2;
+  int status = 0;
+  {
+    SharedMemory mem;
+    uint8_t *buf = mem.alloc<uint8_t>(4096);
+    AgentResult *r = mem.alloc<AgentResult>(1);
+    Grid grid;
+    if (grid.start(kBackend, LaunchShape{1, kBlockThreads, 0},
+                   OrphanKernel{proxy->device_context(), port1, port2, buf, 1, r}) < 0)
+      return 3;
+    if (!wait_until([&] { return load_shared(&r->done) == 1; }, 40000)) {
+      std::printf("orphan child: the kernel did not get its sockets up\n");
+      status = 4;
+    } else if (r->error != 0) {
+      std::printf("orphan child: kernel error %s\n", gs_status_name(r->error));
+      status = 5;
+    }
+    const int rc = grid.wait();
+    std::printf("orphan child: Grid::wait() = %d (%s)\n", rc, grid.last_error());
+    if (rc == 0 && status == 0) status = 6;
+    const int closed = proxy->kernel_exited(rc);
+    std::printf("orphan child: kernel_exited closed %d sockets\n", closed);
+    if (closed != 3 && status == 0) status = 7;
+  }
+  proxy->stop();
+  return status;
+}
+#endif
+
 }  // namespace
 }  // namespace gpusock::test
 
 int main(int argc, char **argv) {
+#if defined(__CUDACC__)
+  if (argc == 4 && std::strcmp(argv[1], "--orphan-child") == 0)
+    return gpusock::test::orphan_child(std::atoi(argv[2]), std::atoi(argv[3]));
+#endif
   ::testing::InitGoogleTest(&argc, argv);
 #if defined(__CUDACC__)
   if (!gpusock::cuda_available()) {

@@ -11,12 +11,23 @@
 //                                        of 1..MAXSIZE bytes on each, echo verified;
 //                                        then SHUT_WR and EOF on each
 //   blast   PORT                         connect and send until killed
+//   eofwait-accept  PORT [BYTES]         accept one connection, read until EOF or an
+//   eofwait-connect PORT SEND            error (connect: first send SEND bytes); exit 0
+//                                        on EOF (after exactly BYTES, if given), 10 on
+//                                        ECONNRESET or another error, 1 otherwise
+//   pingpong PORT SIZE ITERS OUTFILE     connect, ITERS rounds of SIZE bytes echoed back;
+//                                        writes the mean round trip in ns to OUTFILE
+//   stream   PORT BYTES CHUNK OUTFILE    connect, send BYTES in CHUNK-byte sends, SHUT_WR,
+//                                        read an 8-byte count; writes MB/s to OUTFILE
+//   drain    PORT COUNT CHUNK            COUNT times: accept, read to EOF in CHUNK-byte
+//                                        reads, reply with the 8-byte count, close
 #include "gpu/tests/pattern.h"
 
 #include <gpusock/socket.h>
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -230,6 +241,110 @@ int blast_client(int port) {
   return 0;
 }
 
+// Reads until EOF or an error; reports which.
+int wait_for_end(int fd, long expect_bytes) {
+  std::vector<uint8_t> buf(1 << 16);
+  uint64_t got = 0;
+  for (;;) {
+    const ssize_t n = gs_recv(fd, buf.data(), buf.size(), 0);
+    if (n > 0) {
+      got += static_cast<uint64_t>(n);
+      continue;
+    }
+    if (n == 0) {
+      std::printf("gpu_test_peer: EOF after %" PRIu64 " bytes\n", got);
+      gs_close(fd);
+      return expect_bytes < 0 || got == static_cast<uint64_t>(expect_bytes) ? 0 : 1;
+    }
+    std::printf("gpu_test_peer: %s after %" PRIu64 " bytes\n", gs_status_name(static_cast<int>(n)), got);
+    gs_close(fd);
+    return 10;
+  }
+}
+
+int eofwait_accept(int port, long expect_bytes) {
+  const int lfd = listen_on(port, 0);
+  const int c = gs_accept(lfd, nullptr, nullptr);
+  if (c < 0) die(3, "accept", c);
+  gs_close(lfd);
+  return wait_for_end(c, expect_bytes);
+}
+
+int eofwait_connect(int port, long send_bytes) {
+  const int fd = connect_to(port);
+  std::vector<uint8_t> buf(static_cast<size_t>(send_bytes), 0x33);
+  if (!send_all(fd, buf.data(), buf.size())) die(6, "send", -errno);
+  return wait_for_end(fd, -1);
+}
+
+bool write_result(const char *path, double value) {
+  FILE *f = std::fopen(path, "w");
+  if (!f) return false;
+  std::fprintf(f, "%.3f\n", value);
+  return std::fclose(f) == 0;
+}
+
+int pingpong_client(int port, size_t size, long iters, const char *out) {
+  const int fd = connect_to(port);
+  int one = 1;
+  gs_setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  std::vector<uint8_t> a(size, 0x42), b(size);
+  for (int i = 0; i < 100; ++i)
+    if (!send_all(fd, a.data(), size) || !recv_all(fd, b.data(), size)) die(10, "pingpong warm-up", -errno);
+  const auto t0 = Clock::now();
+  for (long i = 0; i < iters; ++i)
+    if (!send_all(fd, a.data(), size) || !recv_all(fd, b.data(), size)) die(10, "pingpong", -errno);
+  const double ns = std::chrono::duration<double, std::nano>(Clock::now() - t0).count() / double(iters);
+  gs_shutdown(fd, SHUT_WR);
+  char tmp[16];
+  while (gs_recv(fd, tmp, sizeof tmp, 0) > 0) {
+  }
+  gs_close(fd);
+  return write_result(out, ns) ? 0 : 1;
+}
+
+int stream_client(int port, uint64_t bytes, size_t chunk, const char *out) {
+  const int fd = connect_to(port);
+  std::vector<uint8_t> buf(chunk, 0x5C);
+  const auto t0 = Clock::now();
+  for (uint64_t off = 0; off < bytes;) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(chunk, bytes - off));
+    if (!send_all(fd, buf.data(), n)) die(6, "stream send", -errno);
+    off += n;
+  }
+  gs_shutdown(fd, SHUT_WR);
+  uint64_t count = 0;
+  if (!recv_all(fd, reinterpret_cast<uint8_t *>(&count), sizeof count)) die(7, "stream reply", -errno);
+  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  gs_close(fd);
+  if (count != bytes) {
+    std::fprintf(stderr, "gpu_test_peer: server counted %" PRIu64 " of %" PRIu64 " bytes\n", count, bytes);
+    return 8;
+  }
+  return write_result(out, double(bytes) / secs / 1e6) ? 0 : 1;
+}
+
+int drain_server(int port, int count, size_t chunk) {
+  const int lfd = listen_on(port, 0);
+  std::vector<uint8_t> buf(chunk);
+  for (int i = 0; i < count; ++i) {
+    const int c = gs_accept(lfd, nullptr, nullptr);
+    if (c < 0) die(3, "accept", c);
+    uint64_t bytes = 0;
+    for (;;) {
+      const ssize_t n = gs_recv(c, buf.data(), buf.size(), 0);
+      if (n < 0) die(4, "drain recv", n);
+      if (n == 0) break;
+      bytes += static_cast<uint64_t>(n);
+    }
+    send_all(c, reinterpret_cast<uint8_t *>(&bytes), sizeof bytes);
+    gs_shutdown(c, SHUT_WR);
+    gs_close(c);
+  }
+  gs_close(lfd);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
@@ -249,5 +364,12 @@ int main(int argc, char **argv) {
     return echo_clients(port, static_cast<int>(arg(3, 1)), static_cast<int>(arg(4, 1)),
                         static_cast<size_t>(arg(5, 1024)), static_cast<uint32_t>(arg(6, 1)));
   if (mode == "blast") return blast_client(port);
+  if (mode == "eofwait-accept") return eofwait_accept(port, arg(3, -1));
+  if (mode == "eofwait-connect") return eofwait_connect(port, arg(3, 0));
+  if (mode == "pingpong" && argc > 5)
+    return pingpong_client(port, static_cast<size_t>(arg(3, 64)), arg(4, 1000), argv[5]);
+  if (mode == "stream" && argc > 5)
+    return stream_client(port, static_cast<uint64_t>(arg(3, 0)), static_cast<size_t>(arg(4, 65536)), argv[5]);
+  if (mode == "drain") return drain_server(port, static_cast<int>(arg(3, 1)), static_cast<size_t>(arg(4, 65536)));
   return 1;
 }

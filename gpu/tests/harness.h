@@ -40,8 +40,9 @@ inline std::string peer_binary() {
 // terminated, then killed, when it goes out of scope.
 class Peer {
  public:
-  explicit Peer(std::vector<std::string> args) {
-    args.insert(args.begin(), peer_binary());
+  // gpu_test_peer with args, or `program` with args.
+  explicit Peer(std::vector<std::string> args, const std::string &program = "") {
+    args.insert(args.begin(), program.empty() ? peer_binary() : program);
     std::vector<char *> argv;
     for (auto &a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -87,6 +88,14 @@ class Peer {
   bool exited_ = false;
   int code_ = -1;
 };
+
+inline std::string self_binary() {
+  char self[PATH_MAX];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n <= 0) return "";
+  self[n] = '\0';
+  return self;
+}
 
 inline int free_port() {
   int s = ::socket(AF_INET, SOCK_STREAM, 0);

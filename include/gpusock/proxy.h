@@ -188,6 +188,7 @@ struct ProxyStats {
   uint64_t connections = 0;        // established, both directions
   uint64_t full_ring_drains = 0;   // passes that found a whole ring of requests (GPU producers were waiting)
   uint64_t rejected_no_buffer = 0; // incoming connections left waiting: no spare buffer set
+  uint64_t orphans_closed = 0;     // sockets kernel_exited() closed for a kernel that did not
 };
 
 class Proxy {
@@ -204,6 +205,17 @@ class Proxy {
   // Asks kernels to finish: gshould_stop() turns true and blocking calls return
   // -ESHUTDOWN.
   void request_kernel_stop();
+  // The kernels that used these sockets are gone: closes every socket they
+  // left open (connections, listeners, connects under way), as gclose would
+  // have, and frees the slots for the next kernel. grid_status is what
+  // Grid::wait() returned: 0 (the kernel returned) flushes each connection and
+  // closes it, so peers read every byte handed over, then EOF; < 0 (the kernel
+  // trapped or failed) resets each connection at once, so peers see
+  // ECONNRESET instead of an EOF that could pass for a complete stream.
+  // Thread-safe; returns once the proxy thread has done it, with the number of
+  // sockets closed. Call it only when no kernel still uses the sockets (a
+  // listener one kernel opens for the next is closed too).
+  int kernel_exited(int grid_status);
   // Flushes and closes every connection (bounded by close_flush_ms), stops the
   // thread and frees the memory. Call after the kernel finished.
   void stop();
