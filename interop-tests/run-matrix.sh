@@ -9,7 +9,7 @@
 # Logs of each case: $OUT/logs/<id>.{srv,cli,...}.
 #
 #   run-matrix.sh --bin BUILD_DIR --out OUT_DIR [--only SECTION[,SECTION]]
-# Sections: control rstream riostream rsocket memcached hostile errors proof
+# Sections: control rstream riostream rsocket memcached shim gpu hostile errors proof
 set -u
 export LC_ALL=C
 if [[ ${MATRIX_TRACE:-0} == 1 ]]; then # timing of every step, to stderr
@@ -37,6 +37,9 @@ RSX=$T/rs_xfer_peer
 GSM=$T/gs_memcache
 GSE=$T/gs_errcheck
 HOST=$T/gs_hostile
+PLAIN=$T/plain_echo_client
+GSP=$BIN/preload/libgpusock_preload.so
+GES=$BIN/gpu/bin/gpu_echo_server
 FIX=$T/librs44_workaround.so
 RSP=/usr/lib/x86_64-linux-gnu/rsocket/librspreload.so
 HW=/sys/class/infiniband/rxe0/ports/1/hw_counters
@@ -51,7 +54,7 @@ mkdir -p "$LOGS" "$SCR"
 rm -f "$LOGS"/* "$SCR"/*
 printf 'section\tpeer\trole\tcase\tstatus\tseconds\tnote\trxe_pkts\n' >"$RES"
 
-for f in "$GSR" "$GSX" "$RSX" "$GSM" "$GSE" "$HOST" "$FIX" "$RSP"; do
+for f in "$GSR" "$GSX" "$RSX" "$GSM" "$GSE" "$HOST" "$FIX" "$RSP" "$PLAIN" "$GSP" "$GES"; do
 	[[ -e $f ]] || { echo "run-matrix: missing $f (build the interop_peers target)" >&2; exit 2; }
 done
 
@@ -431,6 +434,192 @@ if want memcached; then
 	tcp_clean "$id" || { V=FAIL; N+="kernel TCP socket seen; "; }
 	record memcached "libmemcached-tools + librspreload" gs-server "memccp/memccat/memcrm 1 B..1 MiB" $V "$DT" \
 		"${N}values of 1 and 1048576 B stored, read back byte-exact (cmp), removed, miss confirmed; memcstat version $ver; $(tail -n 1 "$LOGS/$id.srv")" "$PKTS"
+fi
+
+# ------------------------------------------------------------- shim
+# gpusock's preload shim (libgpusock_preload.so, verbs) against rdma-core 44's
+# librspreload.so, both running unmodified Debian programs: memcached under
+# one shim, libmemcached-tools under the other, and both under librspreload
+# as the baseline. memcached under gpusock's shim runs as it is (libevent's
+# epoll loop, SOCK_NONBLOCK sockets, accept4); under librspreload it needs the
+# rdma-core 44 workarounds (PRELOAD above).
+GS_SHIM="GPUSOCK_LOG=info LD_PRELOAD=$GSP"
+# slap_case ROLE ID CONNECTIONS CLIENT-PRELOAD T0: memcslap set then get.
+# Where the baseline (librspreload on both sides) fails the same load (rdma-core
+# 44: memcslap's 4 threads under librspreload crash or time out), a failure of
+# a role with librspreload on one side is reported as n/s, with both reasons.
+declare -A SLAP_BASELINE=()
+slap_case() {
+	local role=$1 id=$2 c=$3 cpre=$4 t1=$5 f rc V=PASS N=
+	for f in set get; do
+		timeout -k 3 $((c == 1 ? 120 : 60)) bash -c "$cpre memcslap -s $A:$PORT -c $c -e 500 -t $f" >"$LOGS/$id.slap$c-$f" 2>&1
+		rc=$?
+		((rc == 0)) && grep -q "Time to $f" "$LOGS/$id.slap$c-$f" || { V=FAIL; N+="memcslap -c $c -t $f exit $rc $(grep -m1 -E 'error|Fatal' "$LOGS/$id.slap$c-$f" | oneline 120); "; }
+	done
+	[[ $role == baseline ]] && SLAP_BASELINE[$c]=$V
+	if [[ $V == FAIL && $role == baseline ]]; then
+		V=NS N="rdma-core 44 fails this load on its own (librspreload on both sides): $N"
+	elif [[ $V == FAIL && ${SLAP_BASELINE[$c]:-} == FAIL ]]; then
+		V=NS N="the rdma-core 44 side fails this load without gpusock too (baseline); here: $N"
+	fi
+	record shim "memcached ↔ libmemcached-tools" "$role" "memcslap set/get, $c connection$([[ $c == 1 ]] || echo s)" $V "$(since "$t1")" \
+		"${N}$(grep -h 'Time to' "$LOGS/$id.slap$c"-* | oneline 200)" ""
+}
+# shim_case ROLE SERVER-PRELOAD CLIENT-PRELOAD
+shim_case() {
+	local role=$1 spre=$2 cpre=$3 id p0 t0 spid S f n rc V N
+	next_port
+	id=shim-$role
+	S="--servers=$A:$PORT"
+	p0=$(($(cnt sent_pkts) + $(cnt rcvd_pkts)))
+	t0=$(now)
+	printf 'server: %s memcached ...\nclients: %s memc*\n' "$spre" "$cpre" >"$LOGS/$id.cmd"
+	start_bg "$LOGS/$id.srv" 300 "$spre memcached -u root -l $A -p $PORT -U 0 -t 2 -I 2m -m 64 -c 256 -v"; spid=$BG_PID
+	wait_line "$LOGS/$id.srv" 'server listening|listening on .* via gpusock' 30 "$spid" || nap 2
+	tcp_snapshot "$id" "$PORT" listening
+
+	# memccapable: libmemcached's protocol conformance checks.
+	V=PASS N=
+	timeout -k 3 180 bash -c "$cpre memccapable -h $A -p $PORT -t 20" >"$LOGS/$id.capable" 2>&1
+	rc=$?
+	((rc == 0)) && grep -q 'All tests passed' "$LOGS/$id.capable" || { V=FAIL; N+="memccapable exit $rc: $(grep -m2 -iE 'fail|error' "$LOGS/$id.capable" | oneline 160); "; }
+	record shim "memcached ↔ libmemcached-tools" "$role" "memccapable (all checks)" $V "$(since "$t0")" \
+		"${N}$(grep -cE '\[pass\]|\[ok\]' "$LOGS/$id.capable") checks passed, $(grep -ciE '\[(fail|skip)' "$LOGS/$id.capable") failed/skipped; $(tail -n 1 "$LOGS/$id.capable")" ""
+
+	# memcslap: a bounded load on one connection.
+	local t1
+	t1=$(now)
+	slap_case "$role" "$id" 1 "$cpre" "$t1"
+
+	# memccp / memccat / memcrm: values byte-exact, 1 B .. 1 MiB.
+	t1=$(now)
+	V=PASS N=
+	for n in 1 2047 65537 1048576; do
+		f=$SCR/val$n
+		head -c "$n" /dev/urandom >"$f"
+		if ! timeout 60 bash -c "$cpre memccp $S $f" >>"$LOGS/$id.cli" 2>&1; then V=FAIL; N+="memccp $n failed; "; continue; fi
+		timeout 60 bash -c "$cpre memccat $S val$n" >"$SCR/got$n" 2>>"$LOGS/$id.cli"
+		if [[ $(stat -c %s "$SCR/got$n") != $((n + 1)) ]] || ! cmp -s -n "$n" "$f" "$SCR/got$n"; then
+			V=FAIL; N+="memccat $n returned other bytes; "
+		fi
+		timeout 60 bash -c "$cpre memcrm $S val$n" >>"$LOGS/$id.cli" 2>&1 || { V=FAIL; N+="memcrm $n failed; "; }
+		if timeout 60 bash -c "$cpre memccat $S val$n" >/dev/null 2>>"$LOGS/$id.cli"; then V=FAIL; N+="val$n still there after memcrm; "; fi
+	done
+	record shim "memcached ↔ libmemcached-tools" "$role" "memccp/memccat/memcrm 1 B..1 MiB" $V "$(since "$t1")" \
+		"${N}values of 1, 2047, 65537 and 1048576 B stored, read back byte-exact (cmp), removed, miss confirmed" ""
+
+	# The same load on 4 connections at once, last (it is the one load rdma-core
+	# 44's memcached under librspreload does not survive with its own clients).
+	t1=$(now)
+	slap_case "$role" "$id" 4 "$cpre" "$t1"
+
+	tcp_snapshot "$id" "$PORT" after
+	local pk=$(($(cnt sent_pkts) + $(cnt rcvd_pkts) - p0))
+	# Which shim carried which side: gpusock's shim logs every socket it takes.
+	local gs_srv gs_cli
+	gs_srv=$(grep -c "via gpusock" "$LOGS/$id.srv")
+	gs_cli=$(cat "$LOGS/$id.capable" "$LOGS/$id".slap* "$LOGS/$id.cli" | grep -c "via gpusock")
+
+	# SIGTERM: the kernel's behaviour is that memcached exits at once.
+	t1=$(now)
+	kill -TERM -- "-$spid" 2>/dev/null
+	local stopped=no ms
+	for _ in {1..40}; do kill -0 "$spid" 2>/dev/null || { stopped=yes; break; }; nap 0.05; done
+	ms=$((($(now) - t1) / 1000))
+	stop_bg "$spid"
+	V=PASS N=
+	((pk > 0)) || { V=FAIL; N+="no rxe0 packets; "; }
+	tcp_clean "$id" || { V=FAIL; N+="kernel TCP socket on the memcached port; "; }
+	if [[ $role == gs-server ]]; then
+		((gs_srv > 0)) || { V=FAIL; N+="memcached's listener did not go through gpusock; "; }
+	elif [[ $role == gs-client ]]; then
+		((gs_cli > 0)) || { V=FAIL; N+="the tools' connections did not go through gpusock; "; }
+	fi
+	record shim "memcached ↔ libmemcached-tools" "$role" "over verbs (rxe0), no kernel TCP" $V "$(since "$t0")" \
+		"${N}rxe0 packets $pk; gpusock shim lines: server $gs_srv, clients $gs_cli" "$pk"
+	if [[ $stopped == yes ]]; then
+		V=PASS N="memcached exited ${ms} ms after SIGTERM"
+	elif [[ $spre == *gpusock* ]]; then
+		V=FAIL N="memcached under gpusock's shim still ran 2 s after SIGTERM"
+	else
+		V=NS N="memcached under librspreload 44 ignores SIGTERM (rdma-core 44 behaviour; stopped with SIGKILL)"
+	fi
+	record shim "memcached ↔ libmemcached-tools" "$role" "SIGTERM stops memcached" $V "$(since "$t1")" "$N" ""
+}
+if want shim; then
+	shim_case baseline "$PRELOAD" "$PRELOAD"   # rdma-core's shim on both sides (first: see slap_case)
+	shim_case gs-server "$GS_SHIM" "$PRELOAD"  # memcached on gpusock's shim, tools on librspreload
+	shim_case gs-client "$PRELOAD" "$GS_SHIM"  # memcached on librspreload, tools on gpusock's shim
+fi
+
+# ------------------------------------------------------------- GPU echo server
+# gpu/examples/gpu_echo_server on the host backend (the device code of the
+# GPU sockets library run by emulated blocks; no GPU in the guest), over
+# verbs, serving unmodified rstream and a plain-sockets client under
+# librspreload. One server for the whole section; at the end its count of
+# echoed bytes must equal what the clients sent.
+GPU_RSTREAM_CASES=(
+	"latency-1B|-S 1 -C 1 -I 100|100"
+	"latency-64B|-S 64 -C 1 -I 100|6400"
+	"latency-2KiB|-S 2048 -C 1 -I 100|204800"
+	"latency-65537B|-S 65537 -C 1 -I 10|655370"
+	"latency-256KiB|-S 262144 -C 1 -I 4|1048576"
+	"bandwidth-4KiB-x64|-S 4096 -C 64 -I 2|524288"
+	"bandwidth-64KiB-x4|-S 65536 -C 4 -I 2|524288"
+	"blocking-async-2KiB|-S 2048 -C 1 -I 50 -T a|102400"
+)
+if want gpu; then
+	next_port
+	GPORT=$PORT
+	gid=gpu-server
+	start_bg "$LOGS/$gid.srv" 900 "GPUSOCK_LOG=info exec $GES --host-backend --port $GPORT --blocks 2 --threads 2 --conns 4"; gpid=$BG_PID
+	wait_line "$LOGS/$gid.srv" 'listening on port' 60 "$gpid"
+	expected=0
+	for c in "${GPU_RSTREAM_CASES[@]}"; do
+		IFS='|' read -r name args bytes <<<"$c"
+		id="gpu-rstream-$name"
+		p0=$(($(cnt sent_pkts) + $(cnt rcvd_pkts)))
+		t0=$(now)
+		tcp_snapshot "$id" "$GPORT" before
+		timeout -k 3 120 rstream -s "$A" -p "$GPORT" $args -T v >"$LOGS/$id.cli" 2>&1
+		rc=$?
+		tcp_snapshot "$id" "$GPORT" after
+		PKTS=$(($(cnt sent_pkts) + $(cnt rcvd_pkts) - p0))
+		V=PASS N=
+		((rc == 0)) || { V=FAIL; N+="rstream exit $rc: $(tail -n 2 "$LOGS/$id.cli" | oneline 120); "; }
+		grep -q '^custom' "$LOGS/$id.cli" || { V=FAIL; N+="rstream printed no result; "; }
+		((PKTS > 0)) || { V=FAIL; N+="no rxe0 packets; "; }
+		tcp_clean "$id" || { V=FAIL; N+="kernel TCP socket on the port; "; }
+		expected=$((expected + bytes + 16)) # + rstream's 16-byte sync exchange
+		record gpu "rstream (unmodified)" gs-server "$name" $V "$(since "$t0")" \
+			"${N}rstream $args -T v (rstream verifies every byte it gets back): $(grep '^custom' "$LOGS/$id.cli" | oneline 120)" "$PKTS"
+	done
+	# A plain-sockets program (libc only) under librspreload.
+	PLAIN_ARGS="--sizes 1,64,2048,65537 --iters 20 --bulk 4194304"
+	id=gpu-plain-rspreload
+	p0=$(($(cnt sent_pkts) + $(cnt rcvd_pkts)))
+	t0=$(now)
+	timeout -k 3 180 bash -c "$PRELOAD $PLAIN $A $GPORT $PLAIN_ARGS" >"$LOGS/$id.cli" 2>&1
+	rc=$?
+	tcp_snapshot "$id" "$GPORT" after
+	PKTS=$(($(cnt sent_pkts) + $(cnt rcvd_pkts) - p0))
+	V=PASS N=
+	((rc == 0)) || { V=FAIL; N+="client exit $rc: $(last_line "$LOGS/$id.cli"); "; }
+	((PKTS > 0)) || { V=FAIL; N+="no rxe0 packets; "; }
+	tcp_clean "$id" || { V=FAIL; N+="kernel TCP socket on the port; "; }
+	expected=$((expected + 20 * (1 + 64 + 2048 + 65537) + 4194304))
+	record gpu "plain-sockets client + librspreload" gs-server "ping-pong 1 B..64 KiB + 4 MiB bulk" $V "$(since "$t0")" \
+		"${N}$(last_line "$LOGS/$id.cli")" "$PKTS"
+	# Stop the server: it must exit cleanly and have echoed exactly what was sent.
+	t0=$(now)
+	kill -TERM "$gpid" 2>/dev/null
+	wait_pid "$gpid" 30
+	echoed=$(sed -n 's/^gpu_echo_server: echoed \([0-9]*\) bytes.*/\1/p' "$LOGS/$gid.srv")
+	V=PASS N=
+	((WAIT_RC == 0)) || { V=FAIL; N+="server exit $WAIT_RC; "; }
+	[[ $echoed == "$expected" ]] || { V=FAIL; N+="server echoed '${echoed}' bytes, clients sent $expected; "; }
+	record gpu "gpu_echo_server (host backend)" gs-server "stops on SIGTERM, echoed = sent" $V "$(since "$t0")" \
+		"${N}echoed $echoed bytes, clients sent $expected; $(grep -m1 'gpusock proxy:' "$LOGS/$gid.srv" | oneline 160)" ""
 fi
 
 # ------------------------------------------------------------- hostile peers
