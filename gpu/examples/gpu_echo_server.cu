@@ -42,9 +42,31 @@ struct EchoServerKernel {
   uint8_t *buffers;   // buf_size per block
   uint32_t buf_size;
   unsigned long long *echoed;  // bytes, per block
+  // The accepted sockets are non-blocking: a send stops where the ring is
+  // full. Waits (POLLOUT on the connection's own poll entry) for the peer
+  // to drain it, up to 10 s of no progress.
+  GS_DEV bool send_all(int fd, gpollfd *entry, ssize_t n) const {
+    ssize_t sent = 0;
+    while (sent < n) {
+      const ssize_t k = gsend(ctx, fd, buf_of_block() + sent, static_cast<size_t>(n - sent));
+      if (k > 0) {
+        sent += k;
+        continue;
+      }
+      if (k != -EAGAIN) return false;
+      if (thread_rank() == 0) entry->events = POLLOUT;
+      sync_block();
+      const int ready = gpoll(ctx, entry, 1, 10000);
+      if (thread_rank() == 0) entry->events = POLLIN;
+      sync_block();
+      if (ready <= 0) return false;
+    }
+    return true;
+  }
+  GS_DEV uint8_t *buf_of_block() const { return buffers + size_t(block_index()) * buf_size; }
   GS_DEV void operator()() const {
     gpollfd *pf = polls + size_t(block_index()) * (conns + 1);
-    uint8_t *buf = buffers + size_t(block_index()) * buf_size;
+    uint8_t *buf = buf_of_block();
     if (thread_rank() == 0) {
       pf[0] = gpollfd{listener, POLLIN, 0};
       for (int i = 1; i <= conns; ++i) pf[i] = gpollfd{-1, POLLIN, 0};
@@ -72,7 +94,7 @@ struct EchoServerKernel {
         if (fd < 0 || !pf[i].revents) continue;
         const ssize_t n = grecv(ctx, fd, buf, buf_size);
         if (n == -EAGAIN) continue;
-        if (n > 0 && gsend(ctx, fd, buf, static_cast<size_t>(n), 0, 10000) == n) {
+        if (n > 0 && send_all(fd, pf + i, n)) {
           bytes += static_cast<unsigned long long>(n);
           continue;
         }
