@@ -479,6 +479,47 @@ long sink_burst(const SockApi &api, int fd, const char *data, size_t size, uint6
 
 uint64_t burst_count(size_t size) { return std::max<uint64_t>(1, kBurstBytes / size); }
 
+// Streams `total` bytes through an echo connection in writes of `size`,
+// receiving the echo at the same time (poll), so that a server with small
+// buffers (the GPU echo server) cannot deadlock it. Every echoed byte is
+// compared with what was sent. `fd` must be non-blocking.
+long echo_stream(const SockApi &api, int fd, const char *data, size_t size, uint64_t total, char *in) {
+  uint64_t sent = 0, got = 0;
+  size_t off = 0;  // into the current write of `size` bytes
+  auto last_progress = Clock::now();
+  while (got < total) {
+    pollfd pfd{fd, static_cast<short>(POLLIN | (sent < total ? POLLOUT : 0)), 0};
+    int n = api.poll(&pfd, 1, 1000);
+    if (n < 0 && n != -EINTR) return n;
+    if (seconds_since(last_progress) > 30) return -ETIMEDOUT;
+    if (g_stop) return -EINTR;
+    if ((pfd.revents & POLLOUT) && sent < total) {
+      size_t want = static_cast<size_t>(std::min<uint64_t>(size - off, total - sent));
+      ssize_t k = api.send(fd, data + off, want);
+      if (k > 0) {
+        sent += static_cast<uint64_t>(k);
+        off = (off + static_cast<size_t>(k)) % size;
+        last_progress = Clock::now();
+      } else if (k < 0 && k != -EAGAIN && k != -EINTR) {
+        return k;
+      }
+    }
+    if (pfd.revents & (POLLIN | POLLHUP | POLLERR)) {
+      ssize_t k = api.recv(fd, in, size);
+      if (k == 0) return -ECONNRESET;
+      if (k < 0 && k != -EAGAIN && k != -EINTR) return k;
+      if (k > 0) {
+        // The stream is `data` repeated: byte i of the stream is data[i % size].
+        for (ssize_t i = 0; i < k; ++i)
+          if (in[i] != data[(got + static_cast<uint64_t>(i)) % size]) return -EPROTO;
+        got += static_cast<uint64_t>(k);
+        last_progress = Clock::now();
+      }
+    }
+  }
+  return 0;
+}
+
 double percentile(std::vector<double> &samples, double fraction) {
   if (samples.empty()) return 0;
   size_t index = std::min(samples.size() - 1, static_cast<size_t>(fraction * static_cast<double>(samples.size())));
@@ -527,7 +568,10 @@ int run_client(const Options &options) {
     }
   }
   // Half the time for round trips, the rest shared by the bandwidth sizes.
-  bool with_bw = sink_fd >= 0 && !options.sizes.empty();
+  // Without a sink port (a plain echo server, e.g. the GPU echo server),
+  // bandwidth streams through the echo connection and counts both ways.
+  bool echo_bw = sink_fd < 0;
+  bool with_bw = !options.sizes.empty();
   double rtt_seconds = with_bw ? options.seconds / 2 : options.seconds;
   double bw_seconds = with_bw ? options.seconds / 2 / static_cast<double>(options.sizes.size()) : 0;
   std::printf("gs_echo client: %s, server %s echo port %d, sink port %d\n", label.c_str(), options.addr.c_str(),
@@ -569,14 +613,30 @@ int run_client(const Options &options) {
 
   std::vector<char> data(options.sizes.empty() ? 1 : *std::max_element(options.sizes.begin(), options.sizes.end()),
                          'y');
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>((i * 131 + i / 251) & 0xff);
+  std::vector<char> echo_in(echo_bw ? data.size() : 0);
+  if (echo_bw && with_bw && status == 0) {
+    int rc = api.set_nonblocking(fd);
+    if (rc < 0) {
+      std::fprintf(stderr, "gs_echo client: non-blocking: %s\n", describe(api, rc).c_str());
+      status = 1;
+    } else {
+      std::printf("bandwidth: through the echo connection (no sink port), bytes counted both ways, every byte checked\n");
+    }
+  }
   for (size_t size : with_bw && status == 0 ? options.sizes : std::vector<size_t>{}) {
     uint64_t count = burst_count(size);
+    // Echo bursts are shorter (the echo doubles the bytes on the wire) and
+    // count both directions.
+    const uint64_t echo_count = std::min<uint64_t>(count, 64);
+    if (echo_bw) count = echo_count * 2;
     double total_bytes = 0;
     double interval_bytes = 0;
     auto bw_start = Clock::now();
     auto bw_interval = bw_start;
     while (!g_stop && seconds_since(bw_start) < bw_seconds) {
-      long rc = sink_burst(api, sink_fd, data.data(), size, count);
+      long rc = echo_bw ? echo_stream(api, fd, data.data(), size, size * echo_count, echo_in.data())
+                        : sink_burst(api, sink_fd, data.data(), size, count);
       if (rc < 0) {
         std::fprintf(stderr, "gs_echo client: streaming %s: %s\n", size_name(size).c_str(),
                      describe(api, rc).c_str());
