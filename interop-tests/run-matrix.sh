@@ -369,6 +369,26 @@ if want rsocket; then
 	done
 fi
 
+# memc_roundtrip CLIENT-PRELOAD ID SIZE...: for each size, memccp a random
+# value, memccat it back (byte-exact), memcrm it, confirm the miss. Uses S
+# (--servers=...); adds to V/N.
+memc_roundtrip() {
+	local pre=$1 id=$2 n f
+	shift 2
+	for n in "$@"; do
+		f=$SCR/val$n
+		head -c "$n" /dev/urandom >"$f"
+		if ! timeout 60 bash -c "$pre memccp $S $f" >>"$LOGS/$id.cli" 2>&1; then V=FAIL; N+="memccp $n failed; "; continue; fi
+		timeout 60 bash -c "$pre memccat $S val$n" >"$SCR/got$n" 2>>"$LOGS/$id.cli"
+		# memccat prints the value followed by a newline.
+		if [[ $(stat -c %s "$SCR/got$n") != $((n + 1)) ]] || ! cmp -s -n "$n" "$f" "$SCR/got$n"; then
+			V=FAIL; N+="memccat $n returned other bytes; "
+		fi
+		timeout 60 bash -c "$pre memcrm $S val$n" >>"$LOGS/$id.cli" 2>&1 || { V=FAIL; N+="memcrm $n failed; "; }
+		if timeout 60 bash -c "$pre memccat $S val$n" >/dev/null 2>>"$LOGS/$id.cli"; then V=FAIL; N+="val$n still there after memcrm; "; fi
+	done
+}
+
 # ------------------------------------------------------------- memcached
 if want memcached; then
 	MC_SIZES=1,2047,2048,65535,65536,65537,1048576
@@ -412,18 +432,7 @@ if want memcached; then
 	tcp_snapshot "$id" "$PORT" listening
 	V=PASS N=
 	S="--servers=$A:$PORT"
-	for n in 1 1048576; do
-		f=$SCR/val$n
-		head -c "$n" /dev/urandom >"$f"
-		if ! timeout 30 bash -c "$PRELOAD memccp $S $f" >>"$LOGS/$id.cli" 2>&1; then V=FAIL; N+="memccp $n failed; "; continue; fi
-		timeout 30 bash -c "$PRELOAD memccat $S val$n" >"$SCR/got$n" 2>>"$LOGS/$id.cli"
-		# memccat prints the value followed by a newline.
-		if [[ $(stat -c %s "$SCR/got$n") != $((n + 1)) ]] || ! cmp -s -n "$n" "$f" "$SCR/got$n"; then
-			V=FAIL; N+="memccat $n returned other bytes; "
-		fi
-		timeout 30 bash -c "$PRELOAD memcrm $S val$n" >>"$LOGS/$id.cli" 2>&1 || { V=FAIL; N+="memcrm $n failed; "; }
-		if timeout 30 bash -c "$PRELOAD memccat $S val$n" >/dev/null 2>>"$LOGS/$id.cli"; then V=FAIL; N+="val$n still there after memcrm; "; fi
-	done
+	memc_roundtrip "$PRELOAD" "$id" 1 1048576
 	ver=$(timeout 30 bash -c "$PRELOAD memcstat $S" 2>&1 | awk '/version:/ { print $2 }')
 	[[ $ver == *gs-memcache* ]] || { V=FAIL; N+="memcstat did not reach the gpusock server (version '$ver'); "; }
 	tcp_snapshot "$id" "$PORT" after
@@ -494,17 +503,7 @@ shim_case() {
 	# memccp / memccat / memcrm: values byte-exact, 1 B .. 1 MiB.
 	t1=$(now)
 	V=PASS N=
-	for n in 1 2047 65537 1048576; do
-		f=$SCR/val$n
-		head -c "$n" /dev/urandom >"$f"
-		if ! timeout 60 bash -c "$cpre memccp $S $f" >>"$LOGS/$id.cli" 2>&1; then V=FAIL; N+="memccp $n failed; "; continue; fi
-		timeout 60 bash -c "$cpre memccat $S val$n" >"$SCR/got$n" 2>>"$LOGS/$id.cli"
-		if [[ $(stat -c %s "$SCR/got$n") != $((n + 1)) ]] || ! cmp -s -n "$n" "$f" "$SCR/got$n"; then
-			V=FAIL; N+="memccat $n returned other bytes; "
-		fi
-		timeout 60 bash -c "$cpre memcrm $S val$n" >>"$LOGS/$id.cli" 2>&1 || { V=FAIL; N+="memcrm $n failed; "; }
-		if timeout 60 bash -c "$cpre memccat $S val$n" >/dev/null 2>>"$LOGS/$id.cli"; then V=FAIL; N+="val$n still there after memcrm; "; fi
-	done
+	memc_roundtrip "$cpre" "$id" 1 2047 65537 1048576
 	record shim "memcached ↔ libmemcached-tools" "$role" "memccp/memccat/memcrm 1 B..1 MiB" $V "$(since "$t1")" \
 		"${N}values of 1, 2047, 65537 and 1048576 B stored, read back byte-exact (cmp), removed, miss confirmed" ""
 
