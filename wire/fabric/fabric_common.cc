@@ -6,7 +6,11 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
+#include <utility>
+
+#include <unistd.h>
 
 namespace gpusock::wire::fabric {
 
@@ -181,6 +185,30 @@ void FabricDomainBase::deregister_memory(MemoryRegion *region) {
   region->handle = nullptr;
   region->desc = nullptr;
 }
+
+namespace {
+
+thread_local std::string t_error_detail;
+
+bool log_details() {
+  static const bool enabled = [] {
+    const char *level = std::getenv("GPUSOCK_LOG");
+    return level != nullptr && (std::strcmp(level, "info") == 0 || std::strcmp(level, "debug") == 0 ||
+                                std::strcmp(level, "warn") == 0 || std::atoi(level) >= 1);
+  }();
+  return enabled;
+}
+
+}  // namespace
+
+void set_error_detail(std::string text) {
+  t_error_detail = std::move(text);
+  if (!t_error_detail.empty() && log_details()) {
+    std::fprintf(stderr, "gpusock[%d]: %s\n", static_cast<int>(getpid()), t_error_detail.c_str());
+  }
+}
+
+const std::string &error_detail() { return t_error_detail; }
 
 socklen_t sockaddr_len(const sockaddr *addr) {
   if (addr == nullptr) return 0;

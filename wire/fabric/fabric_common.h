@@ -167,6 +167,12 @@ inline uint64_t make_cq_data(uint32_t imm, uint32_t length) {
   return static_cast<uint64_t>(imm) | (static_cast<uint64_t>(length) << 32);
 }
 
+// What an errno cannot say about this thread's last failed transport call
+// (who holds a port, ...), or empty. Set by the call; with GPUSOCK_LOG set to
+// info or debug it is also printed to stderr.
+void set_error_detail(std::string text);
+const std::string &error_detail();
+
 // Socket address helpers.
 socklen_t sockaddr_len(const sockaddr *addr);
 bool copy_sockaddr(const sockaddr *addr, socklen_t len, sockaddr_storage *out);

@@ -4,20 +4,26 @@
 // detection, so this file supplies them.
 //
 // Names. Every endpoint (connection or listener) is an RDM endpoint with its own
-// CQ and AV, named "gpusock-ep-<pid>-<seq>" with fi_setname before fi_enable;
-// shm creates its region as /dev/shm/<name> and unlinks it on fi_close. Names
-// are never reused inside a process (shm 1.17 keeps a process-wide list of the
-// names it created, never prunes it, and would hand back an unmapped region for
-// a reused name).
+// CQ and AV, named "gpusock-ep-<pid>-<start time>-<random tag>-<seq>" with
+// fi_setname before fi_enable; shm creates its region as /dev/shm/<name> and
+// unlinks it on fi_close. Names are never reused inside a process (shm 1.17
+// keeps a process-wide list of the names it created, never prunes it, and would
+// hand back an unmapped region for a reused name), nor by a later process with
+// the same pid (shm_names.h: a killed process leaves its regions behind, and
+// shm refuses a name whose stale region looks alive). Opening the domain
+// removes regions and rendezvous files that dead processes left (once per
+// process).
 //
 // Rendezvous. listen(ip:port) creates the POSIX shm object "gpusock-<ip>-<port>"
 // (/dev/shm/gpusock-127.0.0.1-5000), takes an OFD write lock on it and writes
-// {magic, version, pid, listener endpoint name}. The lock says "a live listener
-// owns this": a second listen gets EADDRINUSE, a stale file from a killed
-// listener is unlocked and simply taken over. Port 0 picks a free port in
-// 32768..60999. The file is unlinked when the Listener object is destroyed
-// (REQs not yet handed out are refused then; requests already handed out keep
-// the listener endpoint alive for their ACCEPT/REJECT).
+// {magic, version, pid, listener endpoint name}. The lock and a live process
+// named in it say "a live listener owns this": a second listen gets EADDRINUSE
+// (error_detail() names the owner), a stale file from a killed listener is
+// taken over (also when a child that inherited the descriptor keeps its lock).
+// Port 0 picks a free port in 32768..60999. The file is unlinked when the
+// Listener object is destroyed (REQs not yet handed out are refused then;
+// requests already handed out keep the listener endpoint alive for their
+// ACCEPT/REJECT).
 //
 // Handshake (messages are FI_MSG injects of CtrlMsg; every message of a
 // connection carries the client's random 64-bit nonce):
@@ -84,6 +90,7 @@
 // for both ends. shm 1.17 also keeps ~300 bytes per endpoint ever created in a
 // process-wide list until the provider unloads.
 #include "wire/fabric/fabric_common.h"
+#include "wire/fabric/shm_names.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -112,9 +119,11 @@ namespace {
 
 constexpr uint32_t kCtrlMagic = 0x4753484d;  // "GSHM"
 constexpr uint16_t kCtrlVersion = 1;
-constexpr uint32_t kRendezvousMagic = 0x47535256;  // "GSRV"
-constexpr uint32_t kRendezvousVersion = 1;
-constexpr size_t kNameMax = 64;
+using shm::kNameMax;
+using shm::new_endpoint_name;
+using shm::read_rendezvous;
+using shm::Rendezvous;
+using shm::rendezvous_name;
 constexpr int kConnCtrlBufs = 4;
 constexpr int kListenerCtrlBufs = 32;
 constexpr int kCqBatch = 16;
@@ -134,22 +143,6 @@ struct CtrlMsg {
   sockaddr_storage dst;  // REQ: the address the client connected to
   uint8_t private_data[64];
 };
-
-struct Rendezvous {
-  uint32_t magic;
-  uint32_t version;
-  int32_t pid;
-  uint32_t reserved;
-  char name[kNameMax];
-};
-
-std::atomic<uint64_t> g_endpoint_seq{0};
-
-std::string new_endpoint_name(uint64_t *seq_out) {
-  const uint64_t seq = g_endpoint_seq.fetch_add(1, std::memory_order_relaxed);
-  if (seq_out != nullptr) *seq_out = seq;
-  return "gpusock-ep-" + std::to_string(getpid()) + "-" + std::to_string(seq);
-}
 
 uint64_t random_u64() {
   uint64_t value = 0;
@@ -187,10 +180,6 @@ bool is_wildcard(const sockaddr_storage &addr) {
   return IN6_IS_ADDR_UNSPECIFIED(&reinterpret_cast<const sockaddr_in6 &>(addr).sin6_addr);
 }
 
-std::string rendezvous_name(const std::string &ip, uint16_t port) {
-  return "gpusock-" + ip + "-" + std::to_string(port);
-}
-
 // Rendezvous names a client tries for `addr`, most specific first.
 std::vector<std::string> rendezvous_candidates(const sockaddr_storage &addr) {
   const uint16_t port = sockaddr_port(addr);
@@ -210,22 +199,6 @@ std::vector<std::string> rendezvous_candidates(const sockaddr_storage &addr) {
     names.push_back(rendezvous_name("::", port));
   }
   return names;
-}
-
-// The listener named by a rendezvous file, if a live process holds it.
-bool read_rendezvous(const std::string &name, Rendezvous *out) {
-  int fd = shm_open(name.c_str(), O_RDWR, 0);
-  if (fd < 0) return false;
-  bool ok = false;
-  struct flock lock {};
-  lock.l_type = F_WRLCK;
-  lock.l_whence = SEEK_SET;
-  if (fcntl(fd, F_OFD_GETLK, &lock) == 0 && lock.l_type != F_UNLCK) {
-    ok = pread(fd, out, sizeof(*out), 0) == static_cast<ssize_t>(sizeof(*out)) && out->magic == kRendezvousMagic &&
-         out->version == kRendezvousVersion && out->pid > 0 && memchr(out->name, '\0', sizeof(out->name)) != nullptr;
-  }
-  close(fd);
-  return ok;
 }
 
 // Watches a peer process for its death.
@@ -1461,37 +1434,29 @@ gs_status_t RdmDomain::listen(const sockaddr *addr, socklen_t len, int /*backlog
   if (out == nullptr || !copy_sockaddr(addr, len, &bound)) return -EINVAL;
   auto core = std::make_shared<RdmListenerCore>();
   core->domain = this;
+  set_error_detail({});
 
   // Claim the rendezvous name (a free ephemeral port for port 0).
   const bool any_port = sockaddr_port(bound) == 0;
   const std::string ip = sockaddr_ip(bound);
   uint64_t seed = random_u64();
+  std::string detail;
   for (int attempt = 0; attempt < (any_port ? 128 : 1); ++attempt) {
     if (any_port) set_sockaddr_port(&bound, static_cast<uint16_t>(32768 + (seed >> 8) % 28232));
     seed = seed * 6364136223846793005ull + 1442695040888963407ull;
     const std::string name = rendezvous_name(ip, sockaddr_port(bound));
-    int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, S_IRUSR | S_IWUSR);
-    if (fd < 0) return -errno;
-    struct flock lock {};
-    lock.l_type = F_WRLCK;
-    lock.l_whence = SEEK_SET;
-    if (fcntl(fd, F_OFD_SETLK, &lock) != 0) {
-      close(fd);
-      continue;  // a live listener owns it
-    }
-    // A rendezvous left by a killed listener: its endpoint region went with it
-    // unremoved (shm unlinks only on fi_close); take that away too.
-    Rendezvous old{};
-    if (pread(fd, &old, sizeof(old), 0) == static_cast<ssize_t>(sizeof(old)) && old.magic == kRendezvousMagic &&
-        old.pid != getpid() && memchr(old.name, '\0', sizeof(old.name)) != nullptr &&
-        std::strncmp(old.name, "gpusock-ep-", 11) == 0) {
-      shm_unlink(old.name);
-    }
+    int fd = -1;
+    const int ret = shm::claim_rendezvous(name, &fd, &detail);
+    if (ret == -EADDRINUSE) continue;  // a live listener owns it
+    if (ret < 0) return ret;
     core->rendezvous_fd = fd;
     core->rendezvous = name;
     break;
   }
-  if (core->rendezvous_fd < 0) return -EADDRINUSE;
+  if (core->rendezvous_fd < 0) {
+    set_error_detail(any_port ? "fabric:shm: no free port for " + ip : detail);
+    return -EADDRINUSE;
+  }
   core->bound = bound;
 
   gs_status_t ret = open_shared(&core->shared);
@@ -1503,8 +1468,8 @@ gs_status_t RdmDomain::listen(const sockaddr *addr, socklen_t len, int /*backlog
     if (ret < 0) return ret;
   }
   Rendezvous rv{};
-  rv.magic = kRendezvousMagic;
-  rv.version = kRendezvousVersion;
+  rv.magic = shm::kRendezvousMagic;
+  rv.version = shm::kRendezvousVersion;
   rv.pid = getpid();
   std::strncpy(rv.name, core->shared->name.c_str(), sizeof(rv.name) - 1);
   if (ftruncate(core->rendezvous_fd, sizeof(rv)) != 0 ||
@@ -1522,6 +1487,7 @@ gs_status_t open_rdm_domain(const ProviderAttr &attr, std::unique_ptr<Domain> *o
   auto domain = std::make_unique<RdmDomain>(attr);
   gs_status_t ret = domain->open(error);
   if (ret < 0) return ret;
+  shm::sweep_stale_files_once();  // what killed processes left in /dev/shm (shm_names.h)
   *out = std::move(domain);
   return 0;
 }

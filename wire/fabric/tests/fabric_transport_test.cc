@@ -1,14 +1,17 @@
 // The libfabric transport, for real, over tcp (FI_EP_MSG) and shm (FI_EP_RDM).
 #include "wire/fabric/fabric_common.h"
+#include "wire/fabric/shm_names.h"
 #include "wire/transport.h"
 
 #include <gtest/gtest.h>
 
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -901,17 +904,14 @@ TEST_P(FabricTest, KilledPeerIsDetected) {
   domain_->deregister_memory(&mr);
 }
 
-TEST_P(FabricTest, KilledListener) {
-  // A listener process is SIGKILLed: connecting to its port is refused at
-  // once, and the port can be listened on again.
-  listener_.reset();
-  const uint16_t port = is_shm() ? port_ : free_tcp_port();
+// Starts this binary as a listener on `port` in another process (child mode
+// "listen"); returns its pid once it listens, or -1.
+pid_t start_child_listener(const std::string &spec, uint16_t port) {
   int fds[2];
-  ASSERT_EQ(pipe(fds), 0);
-  const std::string arg =
-      std::string(GetParam()) + "|" + std::to_string(port) + "|" + std::to_string(fds[1]) + "|listen";
+  if (pipe(fds) != 0) return -1;
+  const std::string arg = spec + "|" + std::to_string(port) + "|" + std::to_string(fds[1]) + "|listen";
   pid_t child = fork();
-  ASSERT_GE(child, 0);
+  if (child < 0) return -1;
   if (child == 0) {
     close(fds[0]);
     setenv(kChildEnv, arg.c_str(), 1);
@@ -923,10 +923,41 @@ TEST_P(FabricTest, KilledListener) {
   uint64_t ready[2];
   const bool up = ::poll(&pfd, 1, kTimeoutMs) == 1 && read(fds[0], ready, sizeof(ready)) == sizeof(ready);
   close(fds[0]);
-  kill(child, SIGKILL);
-  int status = 0;
-  waitpid(child, &status, 0);
-  ASSERT_TRUE(up) << "child listener did not start, status " << status;
+  if (!up) {
+    kill(child, SIGKILL);
+    waitpid(child, nullptr, 0);
+    return -1;
+  }
+  return child;
+}
+
+void kill_and_reap(pid_t pid) {
+  kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+}
+
+// Names in /dev/shm that start with `prefix`.
+std::vector<std::string> shm_files(const std::string &prefix) {
+  std::vector<std::string> names;
+  DIR *dir = opendir("/dev/shm");
+  if (dir == nullptr) return names;
+  while (dirent *e = readdir(dir)) {
+    if (std::string(e->d_name).rfind(prefix, 0) == 0) names.push_back(e->d_name);
+  }
+  closedir(dir);
+  return names;
+}
+
+std::string endpoint_prefix(pid_t pid) { return "gpusock-ep-" + std::to_string(pid) + "-"; }
+
+TEST_P(FabricTest, KilledListener) {
+  // A listener process is SIGKILLed: connecting to its port is refused at
+  // once, and the port can be listened on again.
+  listener_.reset();
+  const uint16_t port = is_shm() ? port_ : free_tcp_port();
+  const pid_t child = start_child_listener(GetParam(), port);
+  ASSERT_GT(child, 0) << "child listener did not start";
+  kill_and_reap(child);
 
   std::unique_ptr<Endpoint> ep;
   ASSERT_EQ(domain_->create_endpoint(nullptr, &ep), 0);
@@ -945,8 +976,7 @@ TEST_P(FabricTest, KilledListener) {
   EXPECT_EQ(domain_->listen(reinterpret_cast<sockaddr *>(&addr), sizeof(addr), 8, &again), 0);
   if (is_shm()) {
     // Taking over the stale rendezvous removed the dead listener's region.
-    const std::string dead = "/dev/shm/gpusock-ep-" + std::to_string(child) + "-0";
-    EXPECT_NE(access(dead.c_str(), F_OK), 0) << dead;
+    EXPECT_TRUE(shm_files(endpoint_prefix(child)).empty()) << shm_files(endpoint_prefix(child)).front();
   }
 }
 
@@ -1072,6 +1102,212 @@ TEST(ShmFiles, NoLeaksAfterNormalDestruction) {
   }
   closedir(dir);
   EXPECT_TRUE(leaked.empty()) << leaked.size() << " leaked, e.g. " << leaked.front();
+}
+
+// --- shm names: killed processes, reused pids, ports in use -------------------
+
+namespace shm = gpusock::wire::fabric::shm;
+
+// A free port for shm (from a listener on port 0, released again).
+uint16_t free_shm_port(Domain *domain) {
+  std::unique_ptr<Listener> listener;
+  sockaddr_in addr = loopback(0);
+  if (domain->listen(reinterpret_cast<sockaddr *>(&addr), sizeof(addr), 8, &listener) != 0) return 0;
+  sockaddr_storage bound{};
+  socklen_t len = sizeof(bound);
+  listener->local_address(&bound, &len);
+  return port_of(bound);
+}
+
+// Connect to 127.0.0.1:port; with `listener`, accept there. The client's
+// first CM event (kNone if none came).
+CmEvent connect_once(Domain *domain, uint16_t port, Listener *listener) {
+  CmEvent result;
+  std::unique_ptr<Endpoint> client, server;
+  if (domain->create_endpoint(nullptr, &client) != 0) return result;
+  sockaddr_in to = loopback(port);
+  const auto rec = record(7);
+  if (client->connect(reinterpret_cast<sockaddr *>(&to), sizeof(to), rec.data(), 40) != 0) return result;
+  std::unique_ptr<ConnectionRequest> request;
+  wait_until([&] {
+    if (client->poll_cm(&result) == 1) return true;
+    if (listener != nullptr && !server && listener->get_request(&request) == 1) {
+      if (domain->create_endpoint(request.get(), &server) != 0 ||
+          domain->accept(server.get(), request.get(), rec.data(), 40) != 0) {
+        return true;
+      }
+    }
+    if (server) {
+      CmEvent ev;
+      server->poll_cm(&ev);
+    }
+    return false;
+  });
+  return result;
+}
+
+// A region head as shm 1.17 writes it (struct smr_region: version, then pid).
+void write_region_head(const std::string &name, pid_t pid) {
+  const int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
+  ASSERT_GE(fd, 0) << name;
+  uint8_t head[64] = {};
+  head[0] = 4;  // SMR_VERSION
+  std::memcpy(head + 4, &pid, sizeof(pid));
+  ASSERT_EQ(pwrite(fd, head, sizeof(head), 0), static_cast<ssize_t>(sizeof(head)));
+  close(fd);
+}
+
+bool shm_exists(const std::string &name) { return access(("/dev/shm/" + name).c_str(), F_OK) == 0; }
+
+TEST(ShmNames, NamesIdentifyTheProcess) {
+  uint64_t seq1 = 0, seq2 = 0;
+  const std::string a = shm::new_endpoint_name(&seq1);
+  const std::string b = shm::new_endpoint_name(&seq2);
+  EXPECT_NE(a, b);
+  EXPECT_EQ(seq2, seq1 + 1);
+  EXPECT_LT(a.size(), shm::kNameMax);
+  EXPECT_EQ(std::stoull(a.substr(a.rfind('-') + 1)), seq1);  // the client's port is made from it
+  shm::ProcessId owner;
+  ASSERT_TRUE(shm::parse_endpoint_name(a, &owner)) << a;
+  EXPECT_EQ(owner.pid, getpid());
+  EXPECT_EQ(owner.start, shm::self().start);
+  EXPECT_NE(owner.start, 0u) << "no start time from /proc";
+  EXPECT_TRUE(shm::process_alive(owner));
+  EXPECT_TRUE(shm::endpoint_owner_alive(a));
+  // Our pid, another start time: a process that had this pid before us.
+  shm::ProcessId before = owner;
+  before.start -= 1;
+  EXPECT_FALSE(shm::process_alive(before));
+  // Names of the older form, and things that are not endpoint names.
+  ASSERT_TRUE(shm::parse_endpoint_name("gpusock-ep-123-7", &owner));
+  EXPECT_EQ(owner.pid, 123);
+  EXPECT_EQ(owner.start, 0u);
+  for (const char *bad : {"gpusock-127.0.0.1-5000", "gpusock-ep-12x-7", "gpusock-ep-1-2-3", "gpusock-ep--1",
+                          "gpusock-ep-0-1", "gpusock-ep-1-2-3-4-5", "gpusock-ep-1-2-zz-4", "gpusock-ep-"}) {
+    EXPECT_FALSE(shm::parse_endpoint_name(bad, &owner)) << bad;
+  }
+
+  // A child: alive while it runs, dead once killed (reaped or not).
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    char c;
+    (void)!read(fds[0], &c, 1);
+    _exit(0);
+  }
+  shm::ProcessId id{child, 0};
+  ASSERT_EQ(shm::process_start(child, &id.start), 1);
+  EXPECT_TRUE(shm::process_alive(id));
+  kill(child, SIGKILL);
+  EXPECT_TRUE(wait_until([&] { return !shm::process_alive(id); })) << "zombie counts as dead";
+  waitpid(child, nullptr, 0);
+  EXPECT_FALSE(shm::process_alive(id));
+  EXPECT_EQ(shm::process_start(child, &id.start), 0);
+  close(fds[0]);
+  close(fds[1]);
+}
+
+// The names the old scheme (gpusock-ep-<pid>-<seq>) would give this process
+// are taken by regions that look alive to shm (our pid in them): what a
+// SIGKILLed process that had our pid leaves behind. shm 1.17 refuses such a
+// name (-FI_EBUSY), so the old scheme failed to create endpoints here.
+TEST(ShmNames, StaleRegionsOfAReusedPidDoNotCollide) {
+  std::vector<std::string> planted;
+  for (int seq = 0; seq < 64; ++seq) {
+    planted.push_back("gpusock-ep-" + std::to_string(getpid()) + "-" + std::to_string(seq));
+    write_region_head(planted.back(), getpid());
+  }
+  // And one of the new form: our pid, the start time of an earlier process.
+  const std::string earlier = "gpusock-ep-" + std::to_string(getpid()) + "-" +
+                              std::to_string(shm::self().start - 1) + "-deadbeef-0";
+  write_region_head(earlier, getpid());
+
+  std::unique_ptr<Domain> domain;
+  std::string error;
+  ASSERT_EQ(open_domain("fabric:shm", &domain, &error), 0) << error;
+  const uint16_t port = free_shm_port(domain.get());
+  ASSERT_NE(port, 0);
+  std::unique_ptr<Listener> listener;
+  sockaddr_in addr = loopback(port);
+  ASSERT_EQ(domain->listen(reinterpret_cast<sockaddr *>(&addr), sizeof(addr), 8, &listener), 0);
+  for (int i = 0; i < 3; ++i) {
+    const CmEvent ev = connect_once(domain.get(), port, listener.get());
+    EXPECT_EQ(ev.kind, CmEventKind::kEstablished) << "connection " << i << " status " << ev.status;
+  }
+  // The sweep removes the region of the earlier process, not ours, and not
+  // old-form names of a live pid (they may be a live process's).
+  shm::sweep_stale_files();
+  EXPECT_FALSE(shm_exists(earlier));
+  for (const std::string &name : planted) {
+    EXPECT_TRUE(shm_exists(name)) << name;
+    shm_unlink(name.c_str());
+  }
+  EXPECT_FALSE(shm_files(endpoint_prefix(getpid())).empty()) << "our live regions were swept";
+}
+
+TEST(ShmNames, KilledListenerFilesAreSwept) {
+  std::unique_ptr<Domain> domain;
+  std::string error;
+  ASSERT_EQ(open_domain("fabric:shm", &domain, &error), 0) << error;
+  const uint16_t port = free_shm_port(domain.get());
+  const std::string rendezvous = "gpusock-127.0.0.1-" + std::to_string(port);
+  const pid_t child = start_child_listener("fabric:shm", port);
+  ASSERT_GT(child, 0);
+  EXPECT_FALSE(shm_files(endpoint_prefix(child)).empty());
+  // Alive: a sweep leaves its files alone, and its port is in use, with a
+  // reason that names it.
+  shm::sweep_stale_files();
+  EXPECT_FALSE(shm_files(endpoint_prefix(child)).empty());
+  EXPECT_TRUE(shm_exists(rendezvous));
+  std::unique_ptr<Listener> listener;
+  sockaddr_in addr = loopback(port);
+  EXPECT_EQ(domain->listen(reinterpret_cast<sockaddr *>(&addr), sizeof(addr), 8, &listener), -EADDRINUSE);
+  const std::string detail = gpusock::wire::fabric::error_detail();
+  EXPECT_NE(detail.find("in use by process " + std::to_string(child)), std::string::npos) << detail;
+  EXPECT_NE(detail.find(rendezvous), std::string::npos) << detail;
+
+  kill_and_reap(child);
+  // Dead (another test process may have swept already): nothing of it stays.
+  shm::sweep_stale_files();
+  EXPECT_TRUE(shm_files(endpoint_prefix(child)).empty()) << shm_files(endpoint_prefix(child)).front();
+  EXPECT_FALSE(shm_exists(rendezvous));
+  EXPECT_EQ(connect_once(domain.get(), port, nullptr).kind, CmEventKind::kRejected);
+  ASSERT_EQ(domain->listen(reinterpret_cast<sockaddr *>(&addr), sizeof(addr), 8, &listener), 0);
+  EXPECT_EQ(connect_once(domain.get(), port, listener.get()).kind, CmEventKind::kEstablished);
+}
+
+// The listener was killed, but a process that inherited its rendezvous
+// descriptor (forked, no exec) still holds the lock: clients are refused at
+// once, and a new listener takes the port over.
+TEST(ShmNames, LockKeptByAnInheritorDoesNotHoldThePort) {
+  std::unique_ptr<Domain> domain;
+  std::string error;
+  ASSERT_EQ(open_domain("fabric:shm", &domain, &error), 0) << error;
+  const uint16_t port = free_shm_port(domain.get());
+  const std::string rendezvous = "gpusock-127.0.0.1-" + std::to_string(port);
+  const pid_t child = start_child_listener("fabric:shm", port);
+  ASSERT_GT(child, 0);
+  // The inheritor: an open file description of the rendezvous, taken while the
+  // listener lives (as fork would), locked once it is dead.
+  const int held = shm_open(rendezvous.c_str(), O_RDWR, 0);
+  ASSERT_GE(held, 0);
+  kill_and_reap(child);
+  struct flock lock {};
+  lock.l_type = F_WRLCK;
+  lock.l_whence = SEEK_SET;
+  ASSERT_EQ(fcntl(held, F_OFD_SETLK, &lock), 0);
+
+  const CmEvent refused = connect_once(domain.get(), port, nullptr);
+  EXPECT_EQ(refused.kind, CmEventKind::kRejected);
+  EXPECT_EQ(refused.status, -ECONNREFUSED);
+  std::unique_ptr<Listener> listener;
+  sockaddr_in addr = loopback(port);
+  ASSERT_EQ(domain->listen(reinterpret_cast<sockaddr *>(&addr), sizeof(addr), 8, &listener), 0)
+      << gpusock::wire::fabric::error_detail();
+  EXPECT_EQ(connect_once(domain.get(), port, listener.get()).kind, CmEventKind::kEstablished);
+  close(held);
 }
 
 }  // namespace
