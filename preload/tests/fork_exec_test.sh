@@ -15,6 +15,16 @@ env LD_PRELOAD="$PRELOAD" EXPECT_GPUSOCK=1 timeout 30 "$PROBE" fork-client "$POR
 check "client 1 (served by the exec'd child): all checks" test $? -eq 0
 env LD_PRELOAD="$PRELOAD" EXPECT_GPUSOCK=1 timeout 30 "$PROBE" fork-client "$PORT" 300000 fork-child >"$W/client2.out" 2>&1
 check "client 2 (served by the forked child): all checks" test $? -eq 0
+if [ "$GS_FAILS" -ne 0 ]; then
+  # A client that could not connect leaves the server waiting in accept() for
+  # a connection that never comes: stop it now rather than at its timeout, and
+  # show what the transport saw.
+  kill "$S" 2>/dev/null
+  echo "-- server log:"
+  cat "$W/server.err"
+  echo "-- gpusock files in /dev/shm:"
+  ls -l /dev/shm | grep gpusock
+fi
 wait "$S"
 check "fork-server: all checks (children exited 0)" test $? -eq 0
 cat "$W/server.out" "$W/client1.out" "$W/client2.out"
