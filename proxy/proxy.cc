@@ -2,6 +2,7 @@
 // request ring, owns the transport side of every GPU socket (listeners and
 // connections, each driving a wire::Stream), and publishes what the GPU polls.
 #include "proxy/connection.h"
+#include "proxy/hmem_probe.h"
 
 #include <gpusock/proxy.h>
 
@@ -91,7 +92,7 @@ class Proxy::Impl {
   DeviceContext ctx_{};
   std::string placement_;
   std::atomic<uint64_t> stat_requests_{0}, stat_connections_{0}, stat_full_laps_{0}, stat_no_buffer_{0};
-  std::atomic<uint64_t> stat_orphans_{0};
+  std::atomic<uint64_t> stat_orphans_{0}, stat_passes_{0};
   int kernel_exited(int grid_status);
 
  private:
@@ -135,6 +136,9 @@ class Proxy::Impl {
   std::thread thread_;
   std::atomic<bool> stopping_{false};
   bool started_ = false;
+  Clock::duration listener_every_{};
+  Clock::time_point next_listener_poll_{};
+  bool poll_listeners_ = true;  // this pass
   // kernel_exited(): the caller posts a request, the proxy thread answers it.
   std::mutex orphan_call_;
   std::atomic<uint64_t> orphan_asked_{0}, orphan_answered_{0};
@@ -147,6 +151,11 @@ int Proxy::Impl::start(const ProxyOptions &options_in, MemoryResource *memory) {
   memory_ = memory;
   if (!memory_) return -EINVAL;
   options_.max_sockets = std::max<uint32_t>(options_.max_sockets, 1);
+  if (options_.listener_poll_us < 0) {
+    const char *env = std::getenv("GPUSOCK_PROXY_LISTENER_POLL_US");
+    options_.listener_poll_us = env && *env ? std::max(0, std::atoi(env)) : 20;
+  }
+  listener_every_ = std::chrono::microseconds(options_.listener_poll_us);
   options_.rbuf_size = std::max<uint32_t>(options_.rbuf_size, 4096) & ~63u;  // even, 64-byte aligned rings
   options_.sbuf_size = std::max<uint32_t>(options_.sbuf_size, 4096) & ~63u;
   const uint32_t entries = round_up_pow2(std::max<uint32_t>(options_.request_entries, 2));
@@ -162,14 +171,13 @@ int Proxy::Impl::start(const ProxyOptions &options_in, MemoryResource *memory) {
   // Where the rings live. GPU memory needs a transport that registers it and a
   // way to hand it the device pointer; until then the GPU reads and writes
   // pinned host memory directly (bounce buffers).
+  // The probe asks the transport's library itself (a real registration of a
+  // GPU buffer); even where that works, wire::Domain::register_memory takes
+  // host pointers only today, so the rings stay in pinned host memory.
   const bool device_rings = false;
-  std::string why;
-  if (!memory_->has_device_memory())
-    why = "host backend, no GPU memory";
-  else if (!domain_->caps().device_memory)
-    why = std::string(domain_->caps().name) + " cannot register GPU memory";
-  else
-    why = "the transport interface registers host pointers only";
+  const proxy::HmemProbe probe = proxy::probe_device_memory(domain_->caps().name, memory_);
+  std::string why = probe.reason;
+  if (probe.transport_can) why += "; wire::Domain::register_memory takes host pointers only";
   const MemoryKind ring_kind = device_rings ? MemoryKind::kDevice : MemoryKind::kHostMapped;
 
   rc = memory_->allocate(MemoryKind::kHostMapped, size_t(entries) * sizeof(Request), &requests_mem_);
@@ -202,6 +210,7 @@ int Proxy::Impl::start(const ProxyOptions &options_in, MemoryResource *memory) {
   ctx_.claims = reinterpret_cast<uint32_t *>(priv + sockets_bytes);
   ctx_.ticket = reinterpret_cast<unsigned long long *>(priv + sockets_bytes + claims_bytes);
   ctx_.claim_cursor = reinterpret_cast<uint32_t *>(priv + sockets_bytes + claims_bytes + 64);
+  ctx_.consumed_seen = reinterpret_cast<unsigned long long *>(priv + sockets_bytes + claims_bytes + 96);
   ctx_.rbufs = static_cast<uint8_t *>(rbuf_mem_.device);
   ctx_.sbufs = static_cast<uint8_t *>(sbuf_mem_.device);
   ctx_.rbuf_size = options_.rbuf_size;
@@ -272,7 +281,18 @@ void Proxy::Impl::loop() {
   while (!stopping_.load(std::memory_order_relaxed)) {
     if (orphan_asked_.load(std::memory_order_acquire) != orphan_answered_.load(std::memory_order_relaxed))
       close_orphans();
+    stat_passes_.store(stat_passes_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
     bool did = drain_requests();
+    // New connections on listeners need no microsecond answer: looking for
+    // them (a CM / handshake poll per listener) only every listener_poll_us
+    // keeps the pass short for the connections that carry data.
+    if (listener_every_.count() == 0) {
+      poll_listeners_ = true;
+    } else {
+      const auto now = Clock::now();
+      poll_listeners_ = now >= next_listener_poll_;
+      if (poll_listeners_) next_listener_poll_ = now + listener_every_;
+    }
     did |= progress_active();
     did |= progress_closing();
     if (did) {
@@ -338,7 +358,11 @@ bool Proxy::Impl::drain_requests() {
     Request *e = requests_ + (head_ & mask);
     if (__atomic_load_n(&e->seq, __ATOMIC_ACQUIRE) != head_ + 1) break;
     Request r;
-    std::memcpy(static_cast<void *>(&r), e, sizeof r);
+    std::memcpy(static_cast<void *>(&r), e, 64);
+    // The line may still be arriving piece by piece: take it only whole.
+    if (r.seq != head_ + 1 || request_check(reinterpret_cast<const uint64_t *>(&r)) != r.check) break;
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (r.addr_len > 0) std::memcpy(r.addr, e->addr, std::min<uint32_t>(r.addr_len, kMaxAddrLen));
     ++head_;
     ++taken;
     handle(r);
@@ -350,9 +374,11 @@ bool Proxy::Impl::drain_requests() {
   return true;
 }
 
+// ctrl_done and ctrl_result share one aligned 8-byte word: one store, so the GPU
+// reads both with one load and needs no fence between them.
 void Proxy::Impl::complete(uint32_t slot, const Request &r, int result) {
-  publish(&status_[slot].ctrl_result, static_cast<int32_t>(result));
-  publish(&status_[slot].ctrl_done, r.ctrl_seq);
+  const uint64_t word = uint64_t(r.ctrl_seq) | (uint64_t(static_cast<uint32_t>(result)) << 32);
+  publish(reinterpret_cast<uint64_t *>(&status_[slot].ctrl_done), word);
 }
 
 void Proxy::Impl::activate(uint32_t index) {
@@ -547,7 +573,7 @@ bool Proxy::Impl::progress_active() {
       active_.pop_back();
       continue;
     }
-    if (s.listener) did |= progress_listener(index, s);
+    if (s.listener && poll_listeners_) did |= progress_listener(index, s);
     if (s.conn) {
       const ConnRole before = s.conn->role();
       did |= s.conn->progress();
@@ -689,6 +715,7 @@ ProxyStats Proxy::stats() const {
   s.full_ring_drains = impl_->stat_full_laps_.load();
   s.rejected_no_buffer = impl_->stat_no_buffer_.load();
   s.orphans_closed = impl_->stat_orphans_.load();
+  s.passes = impl_->stat_passes_.load();
   return s;
 }
 

@@ -1,17 +1,35 @@
-// GPU socket benchmarks, printed as "RESULT <name> <value> <unit>" lines:
-//   doorbell_rtt  one request answered by the proxy (gnop): the GPU->CPU->GPU floor
-//   echo_rtt_64B  64-byte ping-pong with a CPU echo peer (gpu_test_peer echo)
-//   stream_MBps   one block streaming to a CPU sink (gpu_test_peer sink), end to end
+// GPU socket benchmarks, side by side in one run, printed as
+// "RESULT <name> <value> <unit> [note]" lines (scripts/gpu-check tabulates them):
+//   floor_rtt            GPU thread <-> CPU thread ping-pong through host-mapped
+//                        words, no gpusock at all: the floor of every round trip
+//   doorbell_rtt         one request answered by the proxy (gnop)
+//   echo_rtt_64B         GPU client, 64-byte ping-pong with a CPU echo peer
+//   p4_*                 a CPU client's 64-byte ping-pong against a GPU echo server
+//                        (one block) and against a CPU echo server (gpu_test_peer
+//                        echo1, the same blocking loop): both round trips and the gap
+//   p5_*_<chunk>         a CPU client streams to a GPU server (one block, grecv into
+//                        GPU memory) and to a CPU server (gpu_test_peer drain), in
+//                        chunk-byte sends/receives: both rates and the ratio
+//   p6_requests          gnop requests/s that the one proxy thread serves, with
+//                        --p6-blocks blocks (default: one per multiprocessor) each
+//                        driving its own socket
+//   stream_MBps          one GPU block streaming to a CPU sink
 //
-//   gpu_bench [--host-backend] [--transport fabric:shm] [--iters N] [--stream-mib M]
-// The peers are spawned from gpu_test_peer beside this binary.
+//   gpu_bench [--host-backend] [--transport T] [--iters N] [--stream-mib M]
+//             [--p5-mib M] [--p6-blocks B] [--p6-ms MS] [--threads T] [--rings BYTES]
+// The CPU peers are gpu_test_peer processes beside this binary.
 #include "gpu/tests/harness.h"
 
 #include <gpusock/gpu.cuh>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <thread>
+#include <vector>
+#include <chrono>
+#include <cstring>
 
 namespace {
 
@@ -22,8 +40,20 @@ struct BenchResult {
   long long error;
   unsigned long long ns;
   unsigned long long bytes;
-  char reply[64];
+  unsigned long long count;
+  int done;
+  char reply[60];
 };
+
+GS_DEV void publish_done(BenchResult *r) {
+#if defined(__CUDA_ARCH__)
+  __threadfence_system();
+  *reinterpret_cast<volatile int *>(&r->done) = 1;
+  __threadfence_system();
+#else
+  __atomic_store_n(&r->done, 1, __ATOMIC_RELEASE);
+#endif
+}
 
 GS_DEV int connect_retry(const DeviceContext &ctx, int port) {
   const sockaddr_in a = ipv4_address(127, 0, 0, 1, static_cast<uint16_t>(port));
@@ -40,13 +70,86 @@ GS_DEV int connect_retry(const DeviceContext &ctx, int port) {
   return rc;
 }
 
+// The floor: thread 0 writes i into a host word the CPU polls, the CPU answers
+// in another host word the GPU polls.
+struct FloorKernel {
+  uint64_t *to_cpu;
+  uint64_t *to_gpu;
+  int iters;
+  BenchResult *out;
+  GS_DEV void operator()() const {
+    if (thread_rank() != 0) return;
+    unsigned long long t0 = now_ns();
+    for (int i = 1; i <= iters + 100; ++i) {
+      if (i == 101) t0 = now_ns();
+      prim::store_release(to_cpu, static_cast<uint64_t>(i));
+      while (prim::load_acquire(to_gpu) != static_cast<uint64_t>(i)) {
+      }
+    }
+    out->ns = now_ns() - t0;
+    out->error = 0;
+    publish_done(out);
+  }
+};
+
+// --micro: what one memory operation on host-mapped memory costs when 1 or
+// many blocks do it at once (leader thread only, `iters` times):
+//   0 fence.acq_rel.sys   1 64-byte line write (4 x 16 B, no fence)
+//   2 line write + fence  3 8-byte read of the block's own line (relaxed, dependent)
+//   4 8-byte read of one line all blocks share   5 atomicAdd on a GPU-memory counter
+//   6 ping-pong with one CPU thread that serves every block's line (the floor, many blocks)
+struct MicroKernel {
+  int mode;
+  int iters;
+  uint64_t *lines;  // host-mapped: 2 x 64 B per block (request line, answer line)
+  unsigned long long *counter;
+  BenchResult *out;  // per block
+  GS_DEV void operator()() const {
+    if (thread_rank() != 0) return;
+    uint64_t *mine = lines + size_t(block_index()) * 16;
+    uint64_t sink = 0;
+    const unsigned long long t0 = now_ns();
+    for (int i = 1; i <= iters; ++i) {
+      switch (mode) {
+        case 0: prim::fence_release(); break;
+        case 1: {
+          uint64_t v[8] = {uint64_t(i), 1, 2, 3, 4, 5, 6, 7};
+          prim::store_line_relaxed(mine, v);
+          break;
+        }
+        case 2: {
+          uint64_t v[8] = {uint64_t(i), 1, 2, 3, 4, 5, 6, 7};
+          prim::store_line_relaxed(mine, v);
+          prim::fence_release();
+          break;
+        }
+        case 3: sink += prim::load_relaxed(mine + 8 + (sink & 1)); break;
+        case 4: sink += prim::load_relaxed(lines + (sink & 1)); break;
+        case 5: sink += atomic_add_dev(counter); break;
+        case 6:
+          prim::store_release(mine, uint64_t(i));
+          while (prim::load_acquire(mine + 8) != uint64_t(i)) {
+          }
+          break;
+      }
+    }
+    BenchResult *r = out + block_index();
+    r->ns = now_ns() - t0;
+    r->count = static_cast<unsigned long long>(iters);
+    r->bytes = sink;
+    publish_done(r);
+  }
+  GS_DEV static unsigned long long atomic_add_dev(unsigned long long *p) { return prim::atomic_add(p, 1ull); }
+};
+
 struct DoorbellKernel {
   DeviceContext ctx;
   int iters;
   BenchResult *out;
   GS_DEV void operator()() const {
     const int s = gsocket(ctx, AF_INET, SOCK_STREAM);
-    int rc = s < 0 ? s : gnop(ctx, s);  // warm up
+    int rc = s < 0 ? s : 0;
+    for (int i = 0; i < 100 && rc == 0; ++i) rc = gnop(ctx, s);  // warm up
     const unsigned long long t0 = now_ns();
     for (int i = 0; i < iters && rc == 0; ++i) rc = gnop(ctx, s);
     const unsigned long long ns = now_ns() - t0;
@@ -54,6 +157,35 @@ struct DoorbellKernel {
     if (thread_rank() == 0) {
       out->error = rc;
       out->ns = ns;
+      publish_done(out);
+    }
+  }
+};
+
+// P6: every block drives its own socket with gnop for `ns` nanoseconds.
+struct RequestRateKernel {
+  DeviceContext ctx;
+  unsigned long long ns;
+  BenchResult *out;  // one per block
+  GS_DEV void operator()() const {
+    const int s = gsocket(ctx, AF_INET, SOCK_STREAM);
+    int rc = s < 0 ? s : gnop(ctx, s);
+    unsigned long long n = 0;
+    const unsigned long long t0 = now_ns();
+    unsigned long long t = t0;
+    while (rc == 0 && t - t0 < ns) {
+      rc = gnop(ctx, s);
+      ++n;
+      if ((n & 15) == 0) t = now_ns();
+    }
+    t = now_ns();
+    if (s >= 0) gclose(ctx, s);
+    if (thread_rank() == 0) {
+      BenchResult *r = out + block_index();
+      r->error = rc;
+      r->ns = t - t0;
+      r->count = n;
+      publish_done(r);
     }
   }
 };
@@ -81,6 +213,90 @@ struct PingPongKernel {
     if (thread_rank() == 0) {
       out->error = rc;
       out->ns = ns;
+      publish_done(out);
+    }
+  }
+};
+
+struct ListenKernel {
+  DeviceContext ctx;
+  int port;
+  BenchResult *out;  // count = the listener's fd
+  GS_DEV void operator()() const {
+    const int s = gsocket(ctx, AF_INET, SOCK_STREAM);
+    const sockaddr_in a = ipv4_address(127, 0, 0, 1, static_cast<uint16_t>(port));
+    int rc = s < 0 ? s : gbind(ctx, s, reinterpret_cast<const sockaddr *>(&a), sizeof a);
+    if (rc == 0) rc = glisten(ctx, s, 16);
+    if (thread_rank() == 0) {
+      out->error = rc;
+      out->count = static_cast<unsigned long long>(s);
+      publish_done(out);
+    }
+  }
+};
+
+// P4: the GPU echo server: accept one connection, echo what arrives until EOF.
+struct EchoServerKernel {
+  DeviceContext ctx;
+  int listener;
+  uint8_t *buf;
+  uint32_t buf_size;
+  BenchResult *out;
+  GS_DEV void operator()() const {
+    const int c = gaccept(ctx, listener, 0, 20000);
+    int rc = c < 0 ? c : 0;
+    unsigned long long bytes = 0;
+    while (rc == 0) {
+      const ssize_t n = grecv(ctx, c, buf, buf_size, 0, 20000);
+      if (n <= 0) {
+        rc = static_cast<int>(n);
+        break;
+      }
+      const ssize_t k = gsend(ctx, c, buf, static_cast<size_t>(n), 0, 20000);
+      if (k != n) rc = k < 0 ? static_cast<int>(k) : -EIO;
+      bytes += static_cast<unsigned long long>(n);
+    }
+    if (c >= 0) gclose(ctx, c);
+    if (thread_rank() == 0) {
+      out->error = rc;
+      out->bytes = bytes;
+      publish_done(out);
+    }
+  }
+};
+
+// P5: the GPU server: accept, grecv chunk bytes at a time into GPU memory until
+// EOF, answer with the 8-byte count, close.
+struct DrainServerKernel {
+  DeviceContext ctx;
+  int listener;
+  uint8_t *dst;
+  uint32_t chunk;
+  uint64_t *count;  // host-mapped
+  BenchResult *out;
+  GS_DEV void operator()() const {
+    const int c = gaccept(ctx, listener, 0, 20000);
+    int rc = c < 0 ? c : 0;
+    uint64_t total = 0;
+    while (rc == 0) {
+      const ssize_t n = grecv(ctx, c, dst, chunk, 0, 20000);
+      if (n <= 0) {
+        rc = static_cast<int>(n);
+        break;
+      }
+      total += static_cast<uint64_t>(n);
+    }
+    if (thread_rank() == 0) *count = total;
+    sync_block();
+    if (c >= 0) {
+      const ssize_t k = gsend(ctx, c, count, sizeof *count, 0, 20000);
+      if (k != sizeof *count && rc == 0) rc = -EIO;
+      gclose(ctx, c);
+    }
+    if (thread_rank() == 0) {
+      out->error = rc;
+      out->bytes = total;
+      publish_done(out);
     }
   }
 };
@@ -121,15 +337,35 @@ struct StreamKernel {
       out->error = rc;
       out->ns = ns;
       out->bytes = sent;
+      publish_done(out);
     }
   }
 };
 
+double read_number(const std::string &path) {
+  FILE *f = std::fopen(path.c_str(), "r");
+  if (!f) return -1;
+  double v = -1;
+  if (std::fscanf(f, "%lf", &v) != 1) v = -1;
+  std::fclose(f);
+  std::remove(path.c_str());
+  return v;
+}
+
+// Runs a CPU client peer to completion: its result number, or -1.
+double run_client(std::vector<std::string> args, const std::string &out, int ms) {
+  Peer client(std::move(args));
+  int code = -1;
+  if (!client.wait_exit(ms, &code) || code != 0) return -1;
+  return read_number(out);
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
-  bool force_host = false;
-  int iters = 0, stream_mib = 0;
+  bool force_host = false, micro = false;
+  int iters = 0, stream_mib = 0, p5_mib = 0, p6_blocks = 0, p6_ms = 1000, threads_arg = 0;
+  uint32_t rings = 1u << 17;  // the CPU sockets' default (wire::kDefaultBufSize): like for like
   ProxyOptions options;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -138,8 +374,17 @@ int main(int argc, char **argv) {
     else if (a == "--transport") options.transport = next();
     else if (a == "--iters") iters = std::atoi(next());
     else if (a == "--stream-mib") stream_mib = std::atoi(next());
+    else if (a == "--p5-mib") p5_mib = std::atoi(next());
+    else if (a == "--p6-blocks") p6_blocks = std::atoi(next());
+    else if (a == "--p6-ms") p6_ms = std::atoi(next());
+    else if (a == "--threads") threads_arg = std::atoi(next());
+    else if (a == "--rings") rings = static_cast<uint32_t>(std::atol(next()));
+    else if (a == "--micro") micro = true;
     else {
-      std::fprintf(stderr, "usage: %s [--host-backend] [--transport T] [--iters N] [--stream-mib M]\n", argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s [--host-backend] [--transport T] [--iters N] [--stream-mib M] [--p5-mib M] "
+                   "[--p6-blocks B] [--p6-ms MS] [--threads T] [--rings BYTES]\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -147,22 +392,41 @@ int main(int argc, char **argv) {
   const bool gpu = backend == Backend::kCuda;
   if (iters <= 0) iters = gpu ? 20000 : 2000;
   if (stream_mib <= 0) stream_mib = gpu ? 512 : 64;
-  const unsigned threads = gpu ? 256 : (std::getenv("GS_BENCH_HOST_THREADS") ? std::atoi(std::getenv("GS_BENCH_HOST_THREADS")) : 4);
+  if (p5_mib <= 0) p5_mib = gpu ? 256 : 32;
+  if (p6_blocks <= 0) {
+    p6_blocks = 4;
+#if defined(__CUDACC__)
+    cudaDeviceProp prop{};
+    if (gpu && cudaGetDeviceProperties(&prop, 0) == cudaSuccess) p6_blocks = prop.multiProcessorCount;
+#endif
+  }
+  const char *host_threads = std::getenv("GS_BENCH_HOST_THREADS");
+  const unsigned threads =
+      threads_arg > 0 ? static_cast<unsigned>(threads_arg) : (gpu ? 256 : (host_threads ? std::atoi(host_threads) : 4));
   if (gpu) options.busy_poll_us = -1;  // the proxy spins on its own core
   options.quiet = true;
+  options.rbuf_size = rings;
+  options.sbuf_size = rings;
+  options.max_sockets = std::max<uint32_t>(256, static_cast<uint32_t>(p6_blocks) + 16);
+  options.spare_buffer_sets = 16;
   if (!options.transport.empty()) setenv("GPUSOCK_TRANSPORT", options.transport.c_str(), 1);  // for the peers
   auto memory = memory_resource_for(backend);
   std::unique_ptr<Proxy> proxy;
   if (int rc = Proxy::start(options, memory.get(), &proxy); rc < 0) return 1;
   const DeviceContext ctx = proxy->device_context();
   const char *transport = std::getenv("GPUSOCK_TRANSPORT");
-  std::printf("gpu_bench: %s backend, transport %s\n  %s\n", backend_name(backend),
-              transport ? transport : "(default)", proxy->placement().c_str());
+  std::printf("gpu_bench: %s backend, transport %s, %u threads per block, %u B rings\n  %s\n",
+              backend_name(backend), transport ? transport : "(default)", threads, rings,
+              proxy->placement().c_str());
+  std::fflush(stdout);
 
-  MemoryBlock results{}, small{}, big{};
+  constexpr int kResults = 16;
+  MemoryBlock results{}, small{}, big{}, words{}, rate{};
   const uint64_t chunk = 1u << 20;
-  if (memory->allocate(MemoryKind::kHostMapped, 3 * sizeof(BenchResult), &results) < 0 ||
+  if (memory->allocate(MemoryKind::kHostMapped, kResults * sizeof(BenchResult), &results) < 0 ||
       memory->allocate(MemoryKind::kHostMapped, 4096, &small) < 0 ||
+      memory->allocate(MemoryKind::kHostMapped, 4096, &words) < 0 ||
+      memory->allocate(MemoryKind::kHostMapped, size_t(p6_blocks) * sizeof(BenchResult), &rate) < 0 ||
       memory->allocate(MemoryKind::kDevice, chunk, &big) < 0)
     return 1;
   auto *res_host = static_cast<BenchResult *>(results.host);
@@ -170,45 +434,275 @@ int main(int argc, char **argv) {
   int status = 0;
   Grid grid;
   const LaunchShape shape{1, threads, 0};
-
-  if (grid.start(backend, shape, DoorbellKernel{ctx, iters, res_dev}) == 0 && grid.wait() == 0 &&
-      res_host[0].error == 0) {
-    std::printf("RESULT doorbell_rtt %.2f us\n", double(res_host[0].ns) / 1000.0 / iters);
-  } else {
-    std::printf("RESULT doorbell_rtt FAILED %s\n", gs_status_name(static_cast<int>(res_host[0].error)));
+  int slot = 0;  // next BenchResult
+  auto fail = [&](const char *name, long long err) {
+    std::printf("RESULT %s FAILED %s\n", name, gs_status_name(static_cast<int>(err)));
     status = 1;
+  };
+  const std::string tmp = "/tmp/gpu_bench." + std::to_string(getpid());
+
+  if (micro) {
+    const char *names[] = {"fence", "line_write", "line_write_fence", "read_own", "read_shared", "atomic_dev",
+                           "pingpong_cpu"};
+    MemoryBlock lines{}, counter{}, outs{};
+    memory->allocate(MemoryKind::kHostMapped, size_t(p6_blocks) * 128, &lines);
+    memory->allocate(MemoryKind::kDevice, 64, &counter);
+    memory->allocate(MemoryKind::kHostMapped, size_t(p6_blocks) * sizeof(BenchResult), &outs);
+    auto *oh = static_cast<BenchResult *>(outs.host);
+    for (int mode = 0; mode < 7; ++mode) {
+      for (int blocks : {1, p6_blocks}) {
+        const int n = mode == 6 ? 2000 : 5000;
+        std::atomic<bool> quit{false};
+        std::thread server;
+        if (mode == 6) {
+          auto *base = static_cast<uint64_t *>(lines.host);
+          std::memset(base, 0, size_t(p6_blocks) * 128);
+          server = std::thread([&, base, blocks] {
+            std::vector<uint64_t> seen(blocks, 0);
+            while (!quit.load(std::memory_order_relaxed))
+              for (int b = 0; b < blocks; ++b) {
+                const uint64_t v = __atomic_load_n(base + size_t(b) * 16, __ATOMIC_ACQUIRE);
+                if (v != seen[b]) {
+                  seen[b] = v;
+                  __atomic_store_n(base + size_t(b) * 16 + 8, v, __ATOMIC_RELEASE);
+                }
+              }
+          });
+        }
+        const auto t0 = std::chrono::steady_clock::now();
+        const int rc = grid.start(backend, LaunchShape{static_cast<unsigned>(blocks), 32, 0},
+                                  MicroKernel{mode, n, static_cast<uint64_t *>(lines.device),
+                                              static_cast<unsigned long long *>(counter.device),
+                                              static_cast<BenchResult *>(outs.device)});
+        const int wrc = rc == 0 ? grid.wait() : rc;
+        const double wall = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
+        quit = true;
+        if (server.joinable()) server.join();
+        unsigned long long max_ns = 0;
+        for (int b = 0; b < blocks; ++b) max_ns = std::max(max_ns, oh[b].ns);
+        if (wrc == 0 && max_ns > 0)
+          std::printf("MICRO %-17s %3d blocks: %8.1f ns per op per block, %7.2f M ops/s total (wall %.1f ms)\n",
+                      names[mode], blocks, double(max_ns) / n, double(n) * blocks * 1000.0 / double(max_ns), wall / 1e6);
+        else
+          std::printf("MICRO %s %d blocks FAILED\n", names[mode], blocks);
+        std::fflush(stdout);
+      }
+    }
+    memory->release(&lines);
+    memory->release(&counter);
+    memory->release(&outs);
   }
 
-  const int echo_port = gpusock::test::free_port();
+  // ---- floor
   {
-    Peer echo({"echo", std::to_string(echo_port)});
-    if (grid.start(backend, shape,
-                   PingPongKernel{ctx, echo_port, iters, static_cast<uint8_t *>(small.device), res_dev + 1}) == 0 &&
-        grid.wait() == 0 && res_host[1].error == 0) {
-      std::printf("RESULT echo_rtt_64B %.2f us\n", double(res_host[1].ns) / 1000.0 / iters);
+    auto *to_cpu = static_cast<uint64_t *>(words.host);
+    auto *to_gpu = to_cpu + 8;  // another cache line
+    auto *to_cpu_dev = static_cast<uint64_t *>(words.device);
+    auto *to_gpu_dev = to_cpu_dev + 8;
+    const int n = iters;
+    std::atomic<bool> quit{false};
+    std::thread cpu([&] {
+      for (uint64_t i = 1; i <= uint64_t(n) + 100 && !quit.load(std::memory_order_relaxed);) {
+        if (__atomic_load_n(to_cpu, __ATOMIC_ACQUIRE) == i) {
+          __atomic_store_n(to_gpu, i, __ATOMIC_RELEASE);
+          ++i;
+        }
+      }
+    });
+    BenchResult *r = res_host + slot;
+    if (grid.start(backend, LaunchShape{1, 32, 0}, FloorKernel{to_cpu_dev, to_gpu_dev, n, res_dev + slot}) == 0 &&
+        grid.wait() == 0 && r->done) {
+      std::printf("RESULT floor_rtt %.2f us\n", double(r->ns) / 1000.0 / n);
     } else {
-      std::printf("RESULT echo_rtt_64B FAILED %s\n", gs_status_name(static_cast<int>(res_host[1].error)));
-      status = 1;
+      fail("floor_rtt", -EIO);
+    }
+    quit = true;
+    cpu.join();
+    ++slot;
+  }
+  std::fflush(stdout);
+
+  // ---- doorbell
+  {
+    BenchResult *r = res_host + slot;
+    if (grid.start(backend, shape, DoorbellKernel{ctx, iters, res_dev + slot}) == 0 && grid.wait() == 0 &&
+        r->error == 0) {
+      std::printf("RESULT doorbell_rtt %.2f us\n", double(r->ns) / 1000.0 / iters);
+    } else {
+      fail("doorbell_rtt", r->error);
+    }
+    ++slot;
+  }
+
+  // ---- GPU client echo
+  {
+    const int port = gpusock::test::free_port();
+    Peer echo({"echo", std::to_string(port)});
+    BenchResult *r = res_host + slot;
+    if (grid.start(backend, shape,
+                   PingPongKernel{ctx, port, iters, static_cast<uint8_t *>(small.device), res_dev + slot}) == 0 &&
+        grid.wait() == 0 && r->error == 0) {
+      std::printf("RESULT echo_rtt_64B %.2f us GPU client, CPU echo peer\n", double(r->ns) / 1000.0 / iters);
+    } else {
+      fail("echo_rtt_64B", r->error);
+    }
+    ++slot;
+  }
+  std::fflush(stdout);
+
+  // A GPU listener for the server benchmarks.
+  int listener = -1;
+  const int gpu_port = gpusock::test::free_port();
+  {
+    BenchResult *r = res_host + slot;
+    if (grid.start(backend, LaunchShape{1, 32, 0}, ListenKernel{ctx, gpu_port, res_dev + slot}) == 0 &&
+        grid.wait() == 0 && r->error == 0)
+      listener = static_cast<int>(r->count);
+    else
+      fail("gpu_listener", r->error);
+    ++slot;
+  }
+
+  // ---- P4: CPU client against a GPU echo server and a CPU echo server
+  if (listener >= 0) {
+    double gpu_ns = -1, cpu_ns = -1;
+    {
+      BenchResult *r = res_host + slot;
+      if (grid.start(backend, shape,
+                     EchoServerKernel{ctx, listener, static_cast<uint8_t *>(big.device), 1u << 16, res_dev + slot}) ==
+          0) {
+        const ProxyStats s0 = proxy->stats();
+        const auto t0 = std::chrono::steady_clock::now();
+        gpu_ns = run_client({"pingpong", std::to_string(gpu_port), "64", std::to_string(iters), tmp}, tmp, 60000);
+        const double wall = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
+        const ProxyStats s1 = proxy->stats();
+        std::printf("  (proxy during P4: %.0f ns/pass, %.2f requests per round trip)\n",
+                    wall / std::max<double>(1, double(s1.passes - s0.passes)),
+                    double(s1.requests - s0.requests) / std::max(1, iters + 100));
+        if (gpu_ns < 0) proxy->request_kernel_stop();
+        grid.wait();
+        if (r->error != 0) std::printf("  (GPU echo server ended with %s)\n", gs_status_name(static_cast<int>(r->error)));
+      }
+      ++slot;
+    }
+    {
+      const int port = gpusock::test::free_port();
+      Peer server({"echo1", std::to_string(port)});
+      cpu_ns = run_client({"pingpong", std::to_string(port), "64", std::to_string(iters), tmp}, tmp, 60000);
+    }
+    if (gpu_ns > 0) std::printf("RESULT p4_gpu_server_rtt_64B %.2f us CPU client\n", gpu_ns / 1000.0);
+    else fail("p4_gpu_server_rtt_64B", -EIO);
+    if (cpu_ns > 0) std::printf("RESULT p4_cpu_server_rtt_64B %.2f us CPU client\n", cpu_ns / 1000.0);
+    else fail("p4_cpu_server_rtt_64B", -EIO);
+    if (gpu_ns > 0 && cpu_ns > 0)
+      std::printf("RESULT p4_gap %.2f us target <= 2.5\n", (gpu_ns - cpu_ns) / 1000.0);
+  }
+  std::fflush(stdout);
+
+  // ---- P5: CPU client streaming to a GPU server and to a CPU server
+  if (listener >= 0) {
+    const uint64_t total = uint64_t(p5_mib) << 20;
+    for (uint32_t c : {1u << 16, 1u << 18, 1u << 20}) {
+      char label[16];
+      std::snprintf(label, sizeof label, "%uK", c >> 10);
+      double gpu_mbps = -1, cpu_mbps = -1;
+      if (slot < kResults) {
+        BenchResult *r = res_host + slot;
+        if (grid.start(backend, shape,
+                       DrainServerKernel{ctx, listener, static_cast<uint8_t *>(big.device), c,
+                                         static_cast<uint64_t *>(small.device) + 64, res_dev + slot}) == 0) {
+          gpu_mbps = run_client({"stream", std::to_string(gpu_port), std::to_string(total), std::to_string(c), tmp},
+                                tmp, 120000);
+          if (gpu_mbps < 0) proxy->request_kernel_stop();
+          grid.wait();
+          if (r->error != 0)
+            std::printf("  (GPU drain server ended with %s)\n", gs_status_name(static_cast<int>(r->error)));
+        }
+        ++slot;
+      }
+      {
+        const int port = gpusock::test::free_port();
+        Peer server({"drain", std::to_string(port), "1", std::to_string(c)});
+        cpu_mbps = run_client({"stream", std::to_string(port), std::to_string(total), std::to_string(c), tmp}, tmp,
+                              120000);
+      }
+      const std::string g = std::string("p5_gpu_server_") + label, k = std::string("p5_cpu_server_") + label;
+      if (gpu_mbps > 0) std::printf("RESULT %s %.0f MB/s\n", g.c_str(), gpu_mbps);
+      else fail(g.c_str(), -EIO);
+      if (cpu_mbps > 0) std::printf("RESULT %s %.0f MB/s\n", k.c_str(), cpu_mbps);
+      else fail(k.c_str(), -EIO);
+      if (gpu_mbps > 0 && cpu_mbps > 0)
+        std::printf("RESULT p5_ratio_%s %.2f x target >= 0.95\n", label, gpu_mbps / cpu_mbps);
+      std::fflush(stdout);
     }
   }
 
-  const int sink_port = gpusock::test::free_port();
+  // ---- P6: requests/s of one proxy thread, B blocks each driving a socket
   {
-    Peer sink({"sink", std::to_string(sink_port), "1"});
+    auto *rh = static_cast<BenchResult *>(rate.host);
+    auto *rd = static_cast<BenchResult *>(rate.device);
+    const unsigned p6_threads = gpu ? 128 : threads;
+    std::vector<int> sweep;
+    for (int b : {1, 8, 32, p6_blocks})
+      if (b <= p6_blocks && (sweep.empty() || sweep.back() != b)) sweep.push_back(b);
+    for (int blocks : sweep) {
+      const bool main_case = blocks == p6_blocks;
+      const int ms = main_case ? p6_ms : std::max(100, p6_ms / 4);
+      const ProxyStats s0 = proxy->stats();
+      const auto t0 = std::chrono::steady_clock::now();
+      std::memset(rh, 0, size_t(blocks) * sizeof(BenchResult));
+      char name[48];
+      std::snprintf(name, sizeof name, main_case ? "p6_requests" : "p6_requests_%dblocks", blocks);
+      if (grid.start(backend, LaunchShape{static_cast<unsigned>(blocks), p6_threads, 0},
+                     RequestRateKernel{ctx, uint64_t(ms) * 1000000ull, rd}) == 0 &&
+          grid.wait() == 0) {
+        const double wall_ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
+        const ProxyStats s1 = proxy->stats();
+        unsigned long long total = 0, max_ns = 0;
+        long long err = 0;
+        for (int b = 0; b < blocks; ++b) {
+          total += rh[b].count;
+          max_ns = std::max(max_ns, rh[b].ns);
+          if (rh[b].error) err = rh[b].error;
+        }
+        const double passes = double(s1.passes - s0.passes);
+        if (err == 0 && max_ns > 0)
+          std::printf("RESULT %s %.2f M/s %d blocks x 1 socket, gnop; %.2f us per block; proxy %.0f ns/pass, %.1f req/pass%s\n",
+                      name, double(total) * 1000.0 / double(max_ns), blocks,
+                      double(max_ns) / 1000.0 / (double(total) / blocks), wall_ns / std::max(1.0, passes),
+                      double(s1.requests - s0.requests) / std::max(1.0, passes), main_case ? "; target >= 5" : "");
+        else
+          fail(name, err ? err : -EIO);
+      } else {
+        fail(name, -EIO);
+      }
+      std::fflush(stdout);
+    }
+  }
+
+  // ---- GPU client streaming to a CPU sink
+  {
+    const int port = gpusock::test::free_port();
+    Peer sink({"sink", std::to_string(port), "1"});
     const uint64_t total = uint64_t(stream_mib) << 20;
+    BenchResult *r = res_host + slot;
     if (grid.start(backend, shape,
-                   StreamKernel{ctx, sink_port, static_cast<uint8_t *>(big.device), chunk, total, res_dev + 2}) == 0 &&
-        grid.wait() == 0 && res_host[2].error == 0 && std::strtoull(res_host[2].reply, nullptr, 10) == total) {
-      std::printf("RESULT stream_MBps %.0f MB/s\n", double(total) * 1000.0 / double(res_host[2].ns));
+                   StreamKernel{ctx, port, static_cast<uint8_t *>(big.device), chunk, total, res_dev + slot}) == 0 &&
+        grid.wait() == 0 && r->error == 0 && std::strtoull(r->reply, nullptr, 10) == total) {
+      std::printf("RESULT stream_MBps %.0f MB/s GPU client, 1 block, to a CPU sink\n",
+                  double(total) * 1000.0 / double(r->ns));
     } else {
-      std::printf("RESULT stream_MBps FAILED %s (sink: '%s')\n", gs_status_name(static_cast<int>(res_host[2].error)),
-                  res_host[2].reply);
+      std::printf("RESULT stream_MBps FAILED %s (sink: '%s')\n", gs_status_name(static_cast<int>(r->error)), r->reply);
       status = 1;
     }
+    ++slot;
   }
+  proxy->kernel_exited(0);  // the listener
   memory->release(&results);
   memory->release(&small);
   memory->release(&big);
+  memory->release(&words);
+  memory->release(&rate);
   proxy->stop();
   return status;
 }

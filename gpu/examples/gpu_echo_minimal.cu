@@ -50,7 +50,7 @@ int main(int argc, char **argv) {
   std::signal(SIGINT, [](int) { stop = 1; });
   while (!stop) pause();
   proxy->request_kernel_stop();  // blocking calls return -ESHUTDOWN, gshould_stop() turns true
-  grid.wait();
+  proxy->kernel_exited(grid.wait());  // closes what the kernels left open (the listener)
   memory->release(&fd);
   memory->release(&bufs);
   proxy->stop();

@@ -15,6 +15,8 @@
 //   eofwait-connect PORT SEND            error (connect: first send SEND bytes); exit 0
 //                                        on EOF (after exactly BYTES, if given), 10 on
 //                                        ECONNRESET or another error, 1 otherwise
+//   echo1    PORT                         accept one connection, echo it with blocking
+//                                        recv/send until EOF (the CPU twin of a GPU echo block)
 //   pingpong PORT SIZE ITERS OUTFILE     connect, ITERS rounds of SIZE bytes echoed back;
 //                                        writes the mean round trip in ns to OUTFILE
 //   stream   PORT BYTES CHUNK OUTFILE    connect, send BYTES in CHUNK-byte sends, SHUT_WR,
@@ -324,6 +326,22 @@ int stream_client(int port, uint64_t bytes, size_t chunk, const char *out) {
   return write_result(out, double(bytes) / secs / 1e6) ? 0 : 1;
 }
 
+int echo_one(int port) {
+  const int lfd = listen_on(port, 0);
+  const int c = gs_accept(lfd, nullptr, nullptr);
+  if (c < 0) die(3, "accept", c);
+  std::vector<uint8_t> buf(1 << 16);
+  for (;;) {
+    const ssize_t n = gs_recv(c, buf.data(), buf.size(), 0);
+    if (n <= 0) break;
+    if (!send_all(c, buf.data(), static_cast<size_t>(n))) break;
+  }
+  gs_shutdown(c, SHUT_WR);
+  gs_close(c);
+  gs_close(lfd);
+  return 0;
+}
+
 int drain_server(int port, int count, size_t chunk) {
   const int lfd = listen_on(port, 0);
   std::vector<uint8_t> buf(chunk);
@@ -366,6 +384,7 @@ int main(int argc, char **argv) {
   if (mode == "blast") return blast_client(port);
   if (mode == "eofwait-accept") return eofwait_accept(port, arg(3, -1));
   if (mode == "eofwait-connect") return eofwait_connect(port, arg(3, 0));
+  if (mode == "echo1") return echo_one(port);
   if (mode == "pingpong" && argc > 5)
     return pingpong_client(port, static_cast<size_t>(arg(3, 64)), arg(4, 1000), argv[5]);
   if (mode == "stream" && argc > 5)

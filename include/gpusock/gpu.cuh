@@ -49,6 +49,18 @@
 #define GS_DEV inline
 #endif
 
+// How a GPU thread waits for the proxy: GPUSOCK_SPIN_POLLS polls back to back,
+// then sleeps of GPUSOCK_SLEEP_MIN_NS doubling up to << GPUSOCK_SLEEP_MAX_SHIFT.
+#ifndef GPUSOCK_SPIN_POLLS
+#define GPUSOCK_SPIN_POLLS 32u
+#endif
+#ifndef GPUSOCK_SLEEP_MIN_NS
+#define GPUSOCK_SLEEP_MIN_NS 256u
+#endif
+#ifndef GPUSOCK_SLEEP_MAX_SHIFT
+#define GPUSOCK_SLEEP_MAX_SHIFT 3u
+#endif
+
 namespace gpusock {
 
 using channel::DeviceContext;
@@ -261,6 +273,87 @@ GS_DEV uint32_t load_acquire(const uint32_t *p) {
 GS_DEV int32_t load_acquire(const int32_t *p) {
   return static_cast<int32_t>(load_acquire(reinterpret_cast<const uint32_t *>(p)));
 }
+// Relaxed loads at system scope: never a stale cached copy, but not ordered
+// with each other, so several are in flight across PCIe at once. Acting on what
+// they return needs fence_acquire() first (a relaxed read followed by the
+// fence is an acquire of what was read).
+GS_DEV uint64_t load_relaxed(const uint64_t *p) {
+#if defined(__CUDA_ARCH__)
+  uint64_t v;
+  asm volatile("ld.relaxed.sys.b64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+#else
+  return __atomic_load_n(p, __ATOMIC_RELAXED);
+#endif
+}
+GS_DEV uint32_t load_relaxed(const uint32_t *p) {
+#if defined(__CUDA_ARCH__)
+  uint32_t v;
+  asm volatile("ld.relaxed.sys.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+#else
+  return __atomic_load_n(p, __ATOMIC_RELAXED);
+#endif
+}
+// Two 8-byte words (16-byte aligned) in one relaxed load; each word is read
+// atomically, the pair is not.
+GS_DEV void load_relaxed_x2(const uint64_t *p, uint64_t *a, uint64_t *b) {
+#if defined(__CUDA_ARCH__)
+  asm volatile("ld.relaxed.sys.v2.u64 {%0,%1}, [%2];" : "=l"(*a), "=l"(*b) : "l"(p) : "memory");
+#else
+  *a = __atomic_load_n(p, __ATOMIC_RELAXED);
+  *b = __atomic_load_n(p + 1, __ATOMIC_RELAXED);
+#endif
+}
+// Four 4-byte words (16-byte aligned) in one relaxed load.
+GS_DEV void load_relaxed_x4(const uint32_t *p, uint32_t *w) {
+#if defined(__CUDA_ARCH__)
+  asm volatile("ld.relaxed.sys.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
+               : "l"(p)
+               : "memory");
+#else
+  for (int i = 0; i < 4; ++i) w[i] = __atomic_load_n(p + i, __ATOMIC_RELAXED);
+#endif
+}
+// Makes the relaxed loads before it acquires: later loads see at least what
+// was published before the values they returned.
+GS_DEV void fence_acquire() {
+#if defined(__CUDA_ARCH__)
+  asm volatile("fence.acq_rel.sys;" ::: "memory");
+#else
+  std::atomic_thread_fence(std::memory_order_acquire);
+#endif
+}
+
+GS_DEV void store_relaxed(uint64_t *p, uint64_t v) {
+#if defined(__CUDA_ARCH__)
+  asm volatile("st.relaxed.sys.b64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+#else
+  __atomic_store_n(p, v, __ATOMIC_RELAXED);
+#endif
+}
+// A 64-byte line as four 16-byte stores back to back (no fence between them,
+// so the GPU can send them as one write); each 8-byte word is single-copy
+// atomic, the line is not.
+GS_DEV void store_line_relaxed(uint64_t *dst, const uint64_t *src) {
+#if defined(__CUDA_ARCH__)
+  for (int i = 0; i < 8; i += 2)
+    asm volatile("st.relaxed.sys.v2.u64 [%0], {%1,%2};" ::"l"(dst + i), "l"(src[i]), "l"(src[i + 1]) : "memory");
+#else
+  for (int i = 0; i < 8; ++i) __atomic_store_n(dst + i, src[i], __ATOMIC_RELAXED);
+#endif
+}
+// Orders this thread's earlier writes (and what it saw others write) before
+// its later ones, for every observer.
+GS_DEV void fence_release() {
+#if defined(__CUDA_ARCH__)
+  asm volatile("fence.acq_rel.sys;" ::: "memory");
+#else
+  std::atomic_thread_fence(std::memory_order_release);
+#endif
+}
+
 // Publishes a word after this thread's earlier writes.
 GS_DEV void store_release(uint64_t *p, uint64_t v) {
 #if defined(__CUDA_ARCH__)
@@ -283,6 +376,15 @@ GS_DEV uint32_t atomic_add(uint32_t *p, uint32_t v) {
   return atomicAdd(p, v);
 #else
   return __atomic_fetch_add(p, v, __ATOMIC_ACQ_REL);
+#endif
+}
+GS_DEV void atomic_max(unsigned long long *p, unsigned long long v) {
+#if defined(__CUDA_ARCH__)
+  atomicMax(p, v);
+#else
+  unsigned long long cur = __atomic_load_n(p, __ATOMIC_RELAXED);
+  while (cur < v && !__atomic_compare_exchange_n(p, &cur, v, true, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {
+  }
 #endif
 }
 // Returns the value found (== expected on success).
@@ -315,8 +417,12 @@ struct Backoff {
 #endif
   GS_DEV void pause() {
 #if defined(__CUDA_ARCH__)
-    const unsigned shift = n < 5 ? n : 5;
-    __nanosleep(64u << shift);  // 64 ns .. 2 µs
+    // Each poll of host memory is a PCIe round trip (~1 µs) already: spin for
+    // the first ones (no added latency), then sleep 256 ns .. 2 µs.
+    if (n >= GPUSOCK_SPIN_POLLS) {
+      const unsigned k = n - GPUSOCK_SPIN_POLLS;
+      __nanosleep(GPUSOCK_SLEEP_MIN_NS << (k < GPUSOCK_SLEEP_MAX_SHIFT ? k : GPUSOCK_SLEEP_MAX_SHIFT));
+    }
 #else
     if (n < 8) {
 #if defined(__x86_64__)
@@ -453,10 +559,29 @@ GS_DEV void group_copy(uint8_t *dst, const uint8_t *src, size_t n, bool src_is_r
     uint4 *d4 = reinterpret_cast<uint4 *>(dst + head);
     // Ring bytes are written by the NIC / the proxy's transport: load them
     // uncached (__ldcv) so no stale line from an earlier lap is used.
-    if (src_is_ring)
-      for (size_t i = r; i < words; i += k) d4[i] = __ldcv(s4 + i);
-    else
-      for (size_t i = r; i < words; i += k) d4[i] = s4[i];
+    // Four loads in flight per thread before the first store: host memory is
+    // a PCIe round trip away, and a store may alias the next load.
+    size_t i = r;
+    if (src_is_ring) {
+      for (; i + 3 * k < words; i += 4 * k) {
+        const uint4 a = __ldcv(s4 + i), b = __ldcv(s4 + i + k), e = __ldcv(s4 + i + 2 * k),
+                    f = __ldcv(s4 + i + 3 * k);
+        d4[i] = a;
+        d4[i + k] = b;
+        d4[i + 2 * k] = e;
+        d4[i + 3 * k] = f;
+      }
+      for (; i < words; i += k) d4[i] = __ldcv(s4 + i);
+    } else {
+      for (; i + 3 * k < words; i += 4 * k) {
+        const uint4 a = s4[i], b = s4[i + k], e = s4[i + 2 * k], f = s4[i + 3 * k];
+        d4[i] = a;
+        d4[i + k] = b;
+        d4[i + 2 * k] = e;
+        d4[i + 3 * k] = f;
+      }
+      for (; i < words; i += k) d4[i] = s4[i];
+    }
     for (size_t i = r; i < head; i += k) dst[i] = src_is_ring ? __ldcv(src + i) : src[i];
     for (size_t i = head + words * 16 + r; i < n; i += k) dst[i] = src_is_ring ? __ldcv(src + i) : src[i];
   } else {
@@ -474,6 +599,38 @@ GS_DEV bool valid_slot(const DeviceContext &c, int s) { return s >= 0 && static_
 
 GS_DEV bool stop_requested(const DeviceContext &c) { return prim::load_acquire(&c.shared->stop) != 0; }
 
+// One poll of a socket's status line: three 16-byte relaxed loads and the stop
+// word, all in flight together (one PCIe round trip, not one per field).
+// Values are not ordered with each other: act on them after fence_acquire(),
+// and re-read the counters after it before trusting a terminal state (the
+// proxy publishes counters before the state bits that depend on them).
+struct StatusView {
+  uint64_t recv_write, send_done;
+  uint32_t state, accept_queued;
+  int32_t error, send_error;
+  uint32_t buffer;
+  bool stop;
+};
+
+GS_DEV StatusView read_status(const DeviceContext &c, const SocketStatus *st) {
+  StatusView v;
+  uint32_t a[4], b[4];
+  prim::load_relaxed_x2(&st->recv_write, &v.recv_write, &v.send_done);
+  prim::load_relaxed_x4(&st->state, a);    // state, releases, ctrl_done, ctrl_result
+  prim::load_relaxed_x4(&st->buffer, b);   // buffer, accept_queued, error, send_error
+  v.stop = prim::load_relaxed(&c.shared->stop) != 0;
+  v.state = a[0];
+  v.buffer = b[0];
+  v.accept_queued = b[1];
+  v.error = static_cast<int32_t>(b[2]);
+  v.send_error = static_cast<int32_t>(b[3]);
+  return v;
+}
+// Counters again, after a fence_acquire() that followed the read of the state.
+GS_DEV void reread_counters(const SocketStatus *st, StatusView *v) {
+  prim::load_relaxed_x2(&st->recv_write, &v->recv_write, &v->send_done);
+}
+
 GS_DEV uint64_t deadline_after(int timeout_ms) {
   return timeout_ms < 0 ? ~uint64_t(0) : prim::now_ns() + static_cast<uint64_t>(timeout_ms) * 1000000ull;
 }
@@ -482,27 +639,39 @@ GS_DEV uint64_t deadline_after(int timeout_ms) {
 // proxy has not consumed `entries` requests ago), writes the entry, publishes seq.
 GS_DEV int push_request(const DeviceContext &c, const Request &r) {
   const unsigned long long ticket = prim::atomic_add(c.ticket, 1ull);
-  prim::Backoff backoff;
-  while (ticket - prim::load_acquire(&c.shared->consumed) > c.request_mask) {
-    if (stop_requested(c)) return -ESHUTDOWN;  // the proxy is going away; the ticket dies with it
-    backoff.pause();
+  // Room on the ring: first against the highest `consumed` any producer saw
+  // (GPU memory, cheap), and only when that is not enough across PCIe.
+  if (ticket - *reinterpret_cast<volatile unsigned long long *>(c.consumed_seen) > c.request_mask) {
+    prim::Backoff backoff;
+    for (;;) {
+      const unsigned long long consumed = prim::load_acquire(&c.shared->consumed);
+      if (ticket - consumed <= c.request_mask) {
+        if (c.consumed_seen) prim::atomic_max(c.consumed_seen, consumed);
+        break;
+      }
+      if (stop_requested(c)) return -ESHUTDOWN;  // the proxy is going away; the ticket dies with it
+      backoff.pause();
+    }
   }
   Request *e = c.requests + (ticket & c.request_mask);
-  e->op = r.op;
-  e->slot = r.slot;
-  e->gen = r.gen;
-  e->ctrl_seq = r.ctrl_seq;
-  e->send_tail = r.send_tail;
-  e->recv_read = r.recv_read;
-  e->arg0 = r.arg0;
-  e->arg1 = r.arg1;
-  e->addr_len = r.addr_len;
-  for (uint32_t i = 0; i < r.addr_len && i < kMaxAddrLen; ++i) e->addr[i] = r.addr[i];
-  prim::store_release(&e->seq, ticket + 1);
+  Request w = r;
+  w.seq = ticket + 1;
+  w.check = request_check(reinterpret_cast<const uint64_t *>(&w));
+  const uint64_t *src = reinterpret_cast<const uint64_t *>(&w);
+  uint64_t *dst = reinterpret_cast<uint64_t *>(e);
+  if (r.addr_len > 0)  // the address line first: the fence below orders it before line 0
+    for (unsigned i = 8; i < 12; ++i) prim::store_relaxed(dst + i, src[i]);
+  // Release: the ring bytes this block wrote (ordered before us by its
+  // barrier) and the address line are visible before any of line 0.
+  prim::fence_release();
+  prim::store_line_relaxed(dst, src);
   return 0;
 }
 
 GS_DEV bool ring_has_room(const DeviceContext &c) {
+  const unsigned long long issued_now = *reinterpret_cast<volatile unsigned long long *>(c.ticket);
+  if (c.consumed_seen && issued_now - *reinterpret_cast<volatile unsigned long long *>(c.consumed_seen) <= c.request_mask)
+    return true;
   const unsigned long long issued = *reinterpret_cast<volatile unsigned long long *>(c.ticket);
   return issued - prim::load_acquire(&c.shared->consumed) <= c.request_mask;
 }
@@ -525,13 +694,19 @@ GS_DEV int control(const DeviceContext &c, int s, const Request &request) {
   r.ctrl_seq = ++d.ctrl_seq;
   int rc = push_request(c, r);
   if (rc < 0) return rc;
-  const SocketStatus *st = c.status + s;
+  // ctrl_done and ctrl_result are one 8-byte word the proxy writes at once.
+  const uint64_t *word = reinterpret_cast<const uint64_t *>(&c.status[s].ctrl_done);
   prim::Backoff backoff;
-  while (prim::load_acquire(&st->ctrl_done) != r.ctrl_seq) {
-    if (stop_requested(c)) return -ESHUTDOWN;
+  for (;;) {
+    const uint64_t v = prim::load_relaxed(word);
+    const bool stop = prim::load_relaxed(&c.shared->stop) != 0;
+    if (static_cast<uint32_t>(v) == r.ctrl_seq) {
+      prim::fence_acquire();  // what the proxy published before the answer is visible now
+      return static_cast<int32_t>(static_cast<uint32_t>(v >> 32));
+    }
+    if (stop) return -ESHUTDOWN;
     backoff.pause();
   }
-  return prim::load_acquire(&st->ctrl_result);
 }
 
 // Leader only: claims a free slot. A slot is free when the GPU has claimed it
@@ -545,6 +720,7 @@ GS_DEV int claim_slot(const DeviceContext &c, bool nonblocking) {
     DeviceSocket &d = c.sockets[slot];
     d.send_tail = 0;
     d.recv_read = 0;
+    d.send_done_seen = 0;
     d.gen = released + 1;
     d.ctrl_seq = 0;
     d.buffer = 0;
@@ -613,18 +789,20 @@ GS_DEV int wait_connected(const DeviceContext &c, int s, uint64_t deadline, bool
   const SocketStatus *st = c.status + s;
   prim::Backoff backoff;
   for (;;) {
-    const uint32_t state = prim::load_acquire(&st->state);
-    if (state & kStConnected) {
+    const StatusView v = read_status(c, st);
+    if (v.state & kStConnected) {
+      prim::fence_acquire();
       d.flags &= ~kDevConnecting;
       return 0;
     }
-    if (state & (kStFailed | kStError)) {
+    if (v.state & (kStFailed | kStError)) {
+      prim::fence_acquire();
       d.flags &= ~kDevConnecting;
       const int err = prim::load_acquire(&st->error);
       return err < 0 ? err : -ECONNREFUSED;
     }
     if (nonblocking) return -EALREADY;
-    if (stop_requested(c)) return -ESHUTDOWN;
+    if (v.stop) return -ESHUTDOWN;
     if (prim::now_ns() >= deadline) return -ETIMEDOUT;
     backoff.pause();
   }
@@ -670,12 +848,12 @@ GS_DEV int accept(const DeviceContext &c, int listener, int flags, int timeout_m
     int slot = -1;
     prim::Backoff backoff;
     while (rc == 0) {
-      const uint32_t state = prim::load_acquire(&lst->state);
-      if (!(state & kStListening)) {
+      const StatusView v = read_status(c, lst);
+      if (!(v.state & kStListening)) {
         rc = -EINVAL;
         break;
       }
-      if (prim::load_acquire(&lst->accept_queued) > 0) {
+      if (v.accept_queued > 0) {
         if (slot < 0) {
           slot = claim_slot(c, (flags & SOCK_NONBLOCK) != 0);
           if (slot < 0) {
@@ -700,7 +878,7 @@ GS_DEV int accept(const DeviceContext &c, int listener, int flags, int timeout_m
         continue;
       }
       if (nonblocking) rc = -EAGAIN;
-      else if (stop_requested(c)) rc = -ESHUTDOWN;
+      else if (v.stop) rc = -ESHUTDOWN;
       else if (prim::now_ns() >= deadline) rc = -ETIMEDOUT;
       else backoff.pause();
     }
@@ -724,8 +902,14 @@ GS_DEV Plan recv_plan(const DeviceContext &c, int s, size_t want, bool dontwait,
   const SocketStatus *st = c.status + s;
   prim::Backoff backoff;
   for (;;) {
-    const uint32_t state = prim::load_acquire(&st->state);  // state first: counters are published before it
-    const uint64_t written = prim::load_acquire(&st->recv_write);
+    StatusView v = read_status(c, st);
+    const uint32_t state = v.state;
+    const bool terminal = (state & (kStError | kStFailed | kStRecvClosed | kStHangup)) != 0;
+    if (v.recv_write > d.recv_read || terminal) {
+      prim::fence_acquire();  // the ring bytes (and, for a final state, the last counters) are visible now
+      if (terminal) reread_counters(st, &v);  // counters are published before the state bits
+    }
+    const uint64_t written = v.recv_write;
     if (written > d.recv_read) {
       const uint64_t offset = d.recv_read % c.rbuf_size;
       uint64_t n = written - d.recv_read;
@@ -747,7 +931,7 @@ GS_DEV Plan recv_plan(const DeviceContext &c, int s, size_t want, bool dontwait,
       return p;
     }
     if (dontwait) p.n = -EAGAIN;
-    else if (stop_requested(c)) p.n = -ESHUTDOWN;
+    else if (v.stop) p.n = -ESHUTDOWN;
     else if (prim::now_ns() >= deadline) p.n = -ETIMEDOUT;
     if (p.n < 0) return p;
     backoff.pause();
@@ -795,23 +979,43 @@ GS_DEV Plan send_plan(const DeviceContext &c, int s, size_t want, bool dontwait,
     p.n = -EPIPE;
     return p;
   }
+  // Fast path: room known from an earlier look at send_done (which only grows)
+  // needs no PCIe round trip. Errors then show once the ring fills, as with a
+  // TCP send buffer.
+  if (d.flags & kDevConnectedSeen) {
+    const uint64_t used = d.send_tail - d.send_done_seen;
+    if (used < c.sbuf_size && (!dontwait || ring_has_room(c))) {
+      const uint64_t offset = d.send_tail % c.sbuf_size;
+      uint64_t n = c.sbuf_size - used;
+      if (n > c.sbuf_size - offset) n = c.sbuf_size - offset;
+      if (n > want) n = want;
+      p.n = static_cast<int64_t>(n);
+      p.offset = offset;
+      p.ring = reinterpret_cast<uint64_t>(c.sbufs + static_cast<size_t>(d.buffer) * c.sbuf_size);
+      return p;
+    }
+  }
   const SocketStatus *st = c.status + s;
   prim::Backoff backoff;
   for (;;) {
-    const uint32_t state = prim::load_acquire(&st->state);
-    const int send_error = prim::load_acquire(&st->send_error);
-    if (send_error < 0) {
-      p.n = send_error;
+    const StatusView v = read_status(c, st);
+    const uint32_t state = v.state;
+    if (v.send_error < 0) {
+      p.n = v.send_error;
       return p;
     }
     if (state & (kStError | kStFailed)) {
+      prim::fence_acquire();
       const int err = prim::load_acquire(&st->error);
       p.n = err < 0 ? err : -ECONNRESET;
       return p;
     }
     if (state & kStConnected) {
-      const uint64_t used = d.send_tail - prim::load_acquire(&st->send_done);
+      const uint64_t used = d.send_tail - v.send_done;
       if (used < c.sbuf_size && (!dontwait || ring_has_room(c))) {
+        prim::fence_acquire();  // the transport is done with that space before we overwrite it
+        d.send_done_seen = v.send_done;
+        d.flags |= kDevConnectedSeen;
         const uint64_t offset = d.send_tail % c.sbuf_size;
         uint64_t n = c.sbuf_size - used;
         if (n > c.sbuf_size - offset) n = c.sbuf_size - offset;
@@ -826,7 +1030,7 @@ GS_DEV Plan send_plan(const DeviceContext &c, int s, size_t want, bool dontwait,
       return p;
     }
     if (dontwait) p.n = -EAGAIN;
-    else if (stop_requested(c)) p.n = -ESHUTDOWN;
+    else if (v.stop) p.n = -ESHUTDOWN;
     else if (prim::now_ns() >= deadline) p.n = -ETIMEDOUT;
     if (p.n < 0) return p;
     backoff.pause();
@@ -847,7 +1051,9 @@ GS_DEV ssize_t send(const DeviceContext &c, int s, const void *buf, size_t len, 
     if (len == 0) return 0;
     uint8_t *ring = reinterpret_cast<uint8_t *>(p.ring);
     group_copy<S>(ring + p.offset, static_cast<const uint8_t *>(buf) + done, static_cast<size_t>(p.n), false);
-    prim::fence_system();  // each thread's bytes are out before the leader rings
+    // No fence per thread: the barrier orders every thread's ring writes before
+    // the leader's release store of the request's seq, which is cumulative, so
+    // the proxy that acquires seq sees them all.
     S::sync();
     if (S::leader()) {
       c.sockets[s].send_tail += static_cast<uint64_t>(p.n);
@@ -895,18 +1101,16 @@ GS_DEV short ready_events(const DeviceContext &c, const gpollfd &f) {
   if (f.fd < 0) return 0;
   if (!valid_slot(c, f.fd) || !(c.sockets[f.fd].flags & kDevOpen)) return POLLNVAL;
   const DeviceSocket &d = c.sockets[f.fd];
-  const SocketStatus *st = c.status + f.fd;
-  const uint32_t state = prim::load_acquire(&st->state);
+  const StatusView v = read_status(c, c.status + f.fd);  // one round trip per socket
+  const uint32_t state = v.state;
   short ev = 0;
   if (state & kStListening) {
-    if (prim::load_acquire(&st->accept_queued) > 0) ev |= POLLIN | POLLRDNORM;
+    if (v.accept_queued > 0) ev |= POLLIN | POLLRDNORM;
   } else {
-    const uint64_t written = prim::load_acquire(&st->recv_write);
     const bool eof = (state & (kStRecvClosed | kStHangup | kStError | kStFailed)) != 0;
-    if (written > d.recv_read || eof || (d.flags & kDevShutRd)) ev |= POLLIN | POLLRDNORM;
-    if ((state & kStConnected) && !(state & kStError) && prim::load_acquire(&st->send_error) == 0 &&
-        !(d.flags & kDevShutWr)) {
-      const uint64_t free_bytes = c.sbuf_size - (d.send_tail - prim::load_acquire(&st->send_done));
+    if (v.recv_write > d.recv_read || eof || (d.flags & kDevShutRd)) ev |= POLLIN | POLLRDNORM;
+    if ((state & kStConnected) && !(state & kStError) && v.send_error == 0 && !(d.flags & kDevShutWr)) {
+      const uint64_t free_bytes = c.sbuf_size - (d.send_tail - v.send_done);
       const uint64_t lowat = c.sbuf_size < 2048 ? c.sbuf_size : 2048;
       if (free_bytes >= lowat) ev |= POLLOUT | POLLWRNORM;
     }
@@ -914,6 +1118,7 @@ GS_DEV short ready_events(const DeviceContext &c, const gpollfd &f) {
     if (state & kStHangup) ev |= POLLHUP | POLLRDHUP;
     if (state & (kStError | kStFailed)) ev |= POLLERR | POLLHUP | POLLOUT;
   }
+  if (ev) prim::fence_acquire();
   return static_cast<short>(ev & (f.events | POLLERR | POLLHUP | POLLNVAL));
 }
 

@@ -21,6 +21,7 @@
 #include <gpusock/status.h>
 
 #include <stddef.h>
+#include <cstddef>
 #include <stdint.h>
 
 #include <memory>
@@ -44,9 +45,21 @@ enum Op : uint32_t {
 
 inline constexpr uint32_t kMaxAddrLen = 28;  // sizeof(sockaddr_in6)
 
-// One request, written by one GPU thread (a block's or a warp's leader): all
-// fields, a system fence, then `seq` = ticket + 1. The proxy reads an entry only
-// once its seq matches the ticket it expects, so a stale lap never looks new.
+#if defined(__CUDACC__)
+#define GPUSOCK_HD __host__ __device__
+#else
+#define GPUSOCK_HD
+#endif
+
+// One request, written by one GPU thread (a block's or a warp's leader). The
+// first cache line holds everything but the address, with seq = ticket + 1 and
+// `check`, a hash of the line; the GPU writes that line with back-to-back
+// 16-byte stores after a release fence (and the address line, when there is
+// one, before the fence). Every partial-line write from PCIe costs the host a
+// read-modify-write of the line the proxy is polling, so the fewer the better;
+// in exchange the line may become visible piece by piece, and the proxy takes
+// an entry only once seq is the ticket it expects AND check matches, so neither
+// a stale lap nor a half-written line ever looks new.
 struct alignas(64) Request {
   uint64_t seq;
   uint32_t op;
@@ -59,9 +72,22 @@ struct alignas(64) Request {
   int32_t arg1;
   uint32_t addr_len;
   uint32_t reserved;
-  uint8_t addr[kMaxAddrLen];
+  uint64_t check;     // request_check() of the words before it
+  uint8_t addr[kMaxAddrLen];  // second line: only when addr_len > 0
 };
-static_assert(sizeof(Request) == 128, "two cache lines: the GPU writes them with one burst");
+static_assert(sizeof(Request) == 128, "two cache lines");
+static_assert(offsetof(Request, check) == 56 && offsetof(Request, addr) == 64, "line 0: all but the address");
+
+// The hash of a request's first line (words 0..6).
+GPUSOCK_HD inline uint64_t request_check(const uint64_t *line) {
+  uint64_t h = 0x6A09E667F3BCC909ull;
+  for (int i = 0; i < 7; ++i) {
+    h ^= line[i];
+    h *= 0x9E3779B97F4A7C15ull;
+    h ^= h >> 29;
+  }
+  return h;
+}
 
 // SocketStatus::state bits.
 enum StateBits : uint32_t {
@@ -82,25 +108,33 @@ struct alignas(64) SocketStatus {
   uint32_t state;          // StateBits
   uint32_t releases;       // the slot is free when the GPU's claim count equals this
   uint32_t ctrl_done;      // ctrl_seq of the last completed request
-  int32_t ctrl_result;     // its result (written before ctrl_done)
+  int32_t ctrl_result;     // its result (ctrl_done and ctrl_result: one 8-byte store)
   uint32_t buffer;         // buffer set (receive + send ring) of the connection
   uint32_t accept_queued;  // listeners: established connections waiting for gaccept
   int32_t error;           // negated errno behind kStFailed / kStError
   int32_t send_error;      // negated errno once sending is impossible (EPIPE, ECONNRESET, ...)
 };
 static_assert(sizeof(SocketStatus) == 64, "one cache line per socket");
+static_assert(offsetof(SocketStatus, ctrl_done) % 8 == 0 && offsetof(SocketStatus, ctrl_result) == offsetof(SocketStatus, ctrl_done) + 4,
+              "ctrl_done and ctrl_result form one aligned 8-byte word");
 
-// Written by the proxy, polled by the GPU.
+// Written by the proxy, polled by the GPU. `stop` has a line of its own that
+// the proxy writes once: every waiting GPU thread reads it on every poll, and
+// reads of a line the CPU keeps writing (as it does `consumed`, once per
+// drained batch) queue behind each other at the host bridge.
 struct alignas(64) ProxyShared {
   uint64_t consumed;  // requests taken off the ring (producers wait for room on it)
+  uint8_t pad0[56];
   uint32_t stop;      // the host asked the kernel to finish
-  uint32_t reserved;
+  uint8_t pad1[60];
 };
+static_assert(sizeof(ProxyShared) == 128 && offsetof(ProxyShared, stop) == 64, "consumed and stop: a line each");
 
 // GPU-private state of a socket (GPU memory; only its owner block/warp uses it).
 struct DeviceSocket {
   uint64_t send_tail;
   uint64_t recv_read;
+  uint64_t send_done_seen;  // the last SocketStatus::send_done read (a fence followed it)
   uint32_t gen;
   uint32_t ctrl_seq;
   uint32_t flags;  // DeviceSocketFlags
@@ -113,6 +147,7 @@ enum DeviceSocketFlags : uint32_t {
   kDevShutRd = 1u << 2,
   kDevShutWr = 1u << 3,
   kDevConnecting = 1u << 4,
+  kDevConnectedSeen = 1u << 5,  // kStConnected was seen: gsend may trust send_done_seen
 };
 
 // Everything a kernel needs, passed by value. Pointers are as the GPU sees
@@ -127,6 +162,7 @@ struct DeviceContext {
   uint32_t *claims = nullptr;        // per slot: times claimed (GPU atomics)
   unsigned long long *ticket = nullptr;  // request tickets handed out (GPU atomics)
   uint32_t *claim_cursor = nullptr;  // where the next slot search starts
+  unsigned long long *consumed_seen = nullptr;  // the highest ProxyShared::consumed a producer saw
   uint8_t *rbufs = nullptr;          // buffer set i: rbufs + i * rbuf_size
   uint8_t *sbufs = nullptr;          // buffer set i: sbufs + i * sbuf_size
   uint32_t rbuf_size = 0;
@@ -179,6 +215,8 @@ struct ProxyOptions {
   uint32_t sbuf_size = 1u << 16;    // send ring per connection (>= 4096)
   uint32_t request_entries = 1024;  // request ring entries (rounded up to a power of two)
   int busy_poll_us = 200;           // spin this long after the last work before backing off
+  int listener_poll_us = -1;        // poll listeners for new connections at most this often
+                                    // (-1: GPUSOCK_PROXY_LISTENER_POLL_US, else 20; 0: every pass)
   int close_flush_ms = 5000;        // how long a closed connection may take to flush
   bool quiet = false;               // do not print the memory placement line at start
 };
@@ -189,6 +227,7 @@ struct ProxyStats {
   uint64_t full_ring_drains = 0;   // passes that found a whole ring of requests (GPU producers were waiting)
   uint64_t rejected_no_buffer = 0; // incoming connections left waiting: no spare buffer set
   uint64_t orphans_closed = 0;     // sockets kernel_exited() closed for a kernel that did not
+  uint64_t passes = 0;             // proxy loop passes (ns per pass = elapsed / passes)
 };
 
 class Proxy {
