@@ -62,6 +62,52 @@ void TxRing::fail_all(int status) {
   }
 }
 
+gs_status_t FabricEndpointBase::init_base(const FabricDomainBase &domain) {
+  length_in_data_ = domain.length_in_cq_data();
+  inject_size_ = domain.inject_size();
+  return ring_.init(domain.info()->tx_attr->size);
+}
+
+gs_status_t FabricDomainBase::open_endpoint_cq(fid_cq **out) const {
+  fi_cq_attr cq_attr{};
+  cq_attr.size = info_->tx_attr->size + info_->rx_attr->size;
+  cq_attr.format = FI_CQ_FORMAT_DATA;
+  cq_attr.wait_obj = FI_WAIT_NONE;
+  return fi_status(fi_cq_open(domain_, &cq_attr, out, nullptr));
+}
+
+gs_status_t FabricEndpointBase::post_write_to(fid_ep *ep, fi_addr_t dest, const WriteRequest &request) {
+  if (state_ != State::kEstablished) [[unlikely]] {
+    return state_ == State::kClosed ? -ECONNRESET : -ENOTCONN;
+  }
+  if (ring_.full()) [[unlikely]] return -EAGAIN;
+  ssize_t ret;
+  if (request.inline_data && request.length <= inject_size_) {
+    if (request.has_imm) {
+      ret = fi_inject_writedata(ep, request.local, request.length, make_cq_data(request.imm, request.length), dest,
+                                request.remote_addr, request.rkey);
+    } else {
+      ret = fi_inject_write(ep, request.local, request.length, dest, request.remote_addr, request.rkey);
+    }
+    if (ret != 0) [[unlikely]] return fi_status(ret);
+    ring_.push_done(request.token);
+    return 0;
+  }
+  TxRing::Slot *slot = ring_.push(request.token);
+  void *desc = request.region != nullptr ? request.region->desc : nullptr;
+  if (request.has_imm) {
+    ret = fi_writedata(ep, request.local, request.length, desc, make_cq_data(request.imm, request.length), dest,
+                       request.remote_addr, request.rkey, slot);
+  } else {
+    ret = fi_write(ep, request.local, request.length, desc, dest, request.remote_addr, request.rkey, slot);
+  }
+  if (ret != 0) [[unlikely]] {
+    ring_.unpush();
+    return fi_status(ret);
+  }
+  return 0;
+}
+
 FabricDomainBase::~FabricDomainBase() {
   close_fid(domain_);
   close_fid(fabric_);

@@ -1,5 +1,8 @@
-// What the libfabric endpoint flavours share: status mapping, the fabric and
-// domain objects, memory registration, and the ordered write-completion ring.
+// What the libfabric endpoint flavours (fabric_msg.cc, fabric_rdm.cc) share:
+// status mapping, the fabric and domain objects, memory registration, endpoint
+// CQs, the ordered write-completion ring, posting writes and reading
+// completions (FabricEndpointBase), and the Domain calls that only differ in
+// their types.
 #pragma once
 
 #include "wire/fabric/fabric_attr.h"
@@ -136,6 +139,9 @@ class FabricDomainBase : public Domain {
   bool length_in_cq_data() const { return length_in_cq_data_; }
   bool rx_cq_data() const { return rx_cq_data_; }
   uint32_t inject_size() const { return inject_size_; }
+  // A CQ for one endpoint: data format, room for both of its queues, no wait
+  // object.
+  gs_status_t open_endpoint_cq(fid_cq **out) const;
 
  protected:
   explicit FabricDomainBase(const ProviderAttr &attr) : attr_(attr) {}
@@ -152,6 +158,46 @@ class FabricDomainBase : public Domain {
   uint32_t inject_size_ = 0;
   std::atomic<uint64_t> next_key_{1};
 };
+
+// Opens a DomainT (FabricDomainBase + `open(error)`) into *out.
+template <class DomainT>
+gs_status_t open_domain_as(const ProviderAttr &attr, std::unique_ptr<Domain> *out, std::string *error) {
+  if (out == nullptr) return -EINVAL;
+  auto domain = std::make_unique<DomainT>(attr);
+  gs_status_t ret = domain->open(error);
+  if (ret < 0) return ret;
+  *out = std::move(domain);
+  return 0;
+}
+
+// Domain::create_endpoint for both flavours: an EndpointT(domain) after
+// init(), and for a request (a RequestT not yet answered) init_from_request().
+template <class EndpointT, class RequestT, class DomainT>
+gs_status_t create_endpoint_as(DomainT *domain, ConnectionRequest *request, std::unique_ptr<Endpoint> *out) {
+  if (out == nullptr) return -EINVAL;
+  RequestT *typed = nullptr;
+  if (request != nullptr) {
+    typed = dynamic_cast<RequestT *>(request);
+    if (typed == nullptr || typed->answered()) return -EINVAL;
+  }
+  auto endpoint = std::make_unique<EndpointT>(domain);
+  gs_status_t ret = endpoint->init();
+  if (ret == 0 && typed != nullptr) ret = endpoint->init_from_request(typed);
+  if (ret < 0) return ret;
+  *out = std::move(endpoint);
+  return 0;
+}
+
+// Domain::accept for both flavours: checks, then EndpointT::start_accept.
+template <class EndpointT, class RequestT>
+gs_status_t accept_as(const TransportCaps &caps, Endpoint *endpoint, ConnectionRequest *request,
+                      const void *private_data, uint32_t private_len) {
+  auto *typed_endpoint = dynamic_cast<EndpointT *>(endpoint);
+  auto *typed_request = dynamic_cast<RequestT *>(request);
+  if (typed_endpoint == nullptr || typed_request == nullptr || typed_request->answered()) return -EINVAL;
+  if (private_len > caps.max_private_data || (private_len != 0 && private_data == nullptr)) return -EINVAL;
+  return typed_endpoint->start_accept(typed_request, private_data, private_len);
+}
 
 // Translate one data CQ entry that carries remote CQ data.
 inline void fill_recv_imm(const fi_cq_data_entry &entry, bool length_in_data, Completion *out) {
@@ -172,6 +218,82 @@ inline uint64_t make_cq_data(uint32_t imm, uint32_t length) {
 // info or debug it is also printed to stderr.
 void set_error_detail(std::string text);
 const std::string &error_detail();
+
+constexpr int kCqBatch = 16;  // CQ entries read per fi_cq_read
+
+// What the MSG and RDM endpoints share: the connection state, the ordered
+// write ring, posting writes, and turning CQ entries into completions.
+class FabricEndpointBase : public Endpoint {
+ public:
+  uint32_t max_inline() const override { return inject_size_; }
+
+ protected:
+  enum class State : uint8_t { kIdle, kConnecting, kAccepting, kEstablished, kClosed };
+
+  // The ring sized to the domain's transmit queue; CQ data layout; inject size.
+  gs_status_t init_base(const FabricDomainBase &domain);
+  // One write on `ep` to `dest` (0 on a connected endpoint). Inline writes
+  // that fit the inject size take no provider completion (a slot done at
+  // once); others carry their ring slot as context.
+  gs_status_t post_write_to(fid_ep *ep, fi_addr_t dest, const WriteRequest &request);
+  // One fi_cq_read of at most min(max, kCqBatch) entries: writes carrying CQ
+  // data become kRecvImm completions in `out` (*produced of them), our writes
+  // are marked done in the ring, anything else goes to on_other(entry). An
+  // error entry is matched the same way (status from the error) and then
+  // given to on_error(err, matched). Returns the entries read, or < 0.
+  template <class OnOther, class OnError>
+  int read_cq(fid_cq *cq, Completion *out, int max, int *produced, OnOther &&on_other, OnError &&on_error);
+
+  TxRing ring_;
+  State state_ = State::kIdle;
+  bool length_in_data_ = false;
+  uint32_t inject_size_ = 0;
+};
+
+template <class OnOther, class OnError>
+int FabricEndpointBase::read_cq(fid_cq *cq, Completion *out, int max, int *produced, OnOther &&on_other,
+                                OnError &&on_error) {
+  *produced = 0;
+  if (max <= 0) return 0;
+  fi_cq_data_entry entries[kCqBatch];
+  const ssize_t got = fi_cq_read(cq, entries, static_cast<size_t>(max < kCqBatch ? max : kCqBatch));
+  if (got > 0) {
+    int n = 0;
+    for (ssize_t i = 0; i < got; ++i) {
+      const fi_cq_data_entry &entry = entries[i];
+      if ((entry.flags & FI_REMOTE_CQ_DATA) != 0) {
+        fill_recv_imm(entry, length_in_data_, &out[n++]);
+      } else if (ring_.owns(entry.op_context)) {
+        TxRing::complete(entry.op_context, 0);
+      } else {
+        on_other(entry);
+      }
+    }
+    *produced = n;
+    return static_cast<int>(got);
+  }
+  if (got == -FI_EAGAIN) return 0;
+  if (got != -FI_EAVAIL) return fi_status(got);
+  fi_cq_err_entry err{};
+  if (fi_cq_readerr(cq, &err, 0) <= 0) return 0;
+  const int status = fi_status(-static_cast<int64_t>(err.err != 0 ? err.err : FI_EIO));
+  bool matched = true;
+  if (ring_.owns(err.op_context)) {
+    TxRing::complete(err.op_context, status);
+  } else if ((err.flags & FI_REMOTE_CQ_DATA) != 0) {
+    Completion &c = out[0];
+    c.kind = CompletionKind::kRecvImm;
+    c.status = status;
+    c.token = 0;
+    c.imm = static_cast<uint32_t>(err.data);
+    c.length = 0;
+    *produced = 1;
+  } else {
+    matched = false;
+  }
+  on_error(err, matched);
+  return 1;
+}
 
 // Socket address helpers.
 socklen_t sockaddr_len(const sockaddr *addr);

@@ -47,7 +47,6 @@
 namespace gpusock::wire::fabric {
 namespace {
 
-constexpr int kCqBatch = 16;
 constexpr size_t kMaxCmData = 256;  // tcp's TCPX_MAX_CM_DATA_SIZE
 
 // A CM event as read from the EQ, before the endpoint interprets it.
@@ -76,6 +75,9 @@ struct MsgListenerCore {
   // The Listener object is going: refuse what waits and what comes. The pep
   // stays open while requests handed out still need it for fi_reject.
   void shutdown();
+  // Read the EQ, then refuse every connection request waiting here; with the
+  // domain's CM mutex held.
+  void refuse_queued_locked();
 };
 
 class MsgConnectionRequest final : public ConnectionRequest {
@@ -150,7 +152,7 @@ class MsgListener final : public Listener {
   std::shared_ptr<MsgListenerCore> core_;
 };
 
-class MsgEndpoint final : public Endpoint {
+class MsgEndpoint final : public FabricEndpointBase {
  public:
   explicit MsgEndpoint(MsgDomain *domain) : domain_(domain) {}
   ~MsgEndpoint() override;
@@ -167,13 +169,10 @@ class MsgEndpoint final : public Endpoint {
   int poll(Completion *out, int max) override;
   int poll_cm(CmEvent *out) override;
   void disconnect() override;
-  uint32_t max_inline() const override { return inject_size_; }
   gs_status_t local_address(sockaddr_storage *out, socklen_t *len) const override;
   gs_status_t peer_address(sockaddr_storage *out, socklen_t *len) const override;
 
  private:
-  enum class State : uint8_t { kIdle, kConnecting, kAccepting, kEstablished, kClosed };
-
   gs_status_t open_ep(fi_info *info);
   gs_status_t post_recvs(uint32_t count);
 
@@ -181,12 +180,8 @@ class MsgEndpoint final : public Endpoint {
   fid_ep *ep_ = nullptr;
   fid_cq *cq_ = nullptr;
   CmMailbox mailbox_;
-  TxRing ring_;
-  State state_ = State::kIdle;
   bool registered_ = false;
-  bool length_in_data_ = false;
   bool rx_cq_data_ = false;
-  uint32_t inject_size_ = 0;
   uint32_t deferred_recvs_ = 0;     // FI_RX_CQ_DATA: receives asked for before the ep existed
   uint64_t last_cm_check_ms_ = 0;
   bool cm_check_now_ = false;       // poll() saw an error: look at the EQ soon
@@ -295,27 +290,12 @@ bool MsgDomain::next_event(CmMailbox *mailbox, bool pump, RawCmEvent *out) {
 }
 
 gs_status_t MsgDomain::create_endpoint(ConnectionRequest *request, std::unique_ptr<Endpoint> *out) {
-  if (out == nullptr) return -EINVAL;
-  auto endpoint = std::make_unique<MsgEndpoint>(this);
-  gs_status_t ret = endpoint->init();
-  if (ret < 0) return ret;
-  if (request != nullptr) {
-    auto *msg_request = dynamic_cast<MsgConnectionRequest *>(request);
-    if (msg_request == nullptr || msg_request->answered()) return -EINVAL;
-    ret = endpoint->init_from_request(msg_request);
-    if (ret < 0) return ret;
-  }
-  *out = std::move(endpoint);
-  return 0;
+  return create_endpoint_as<MsgEndpoint, MsgConnectionRequest>(this, request, out);
 }
 
 gs_status_t MsgDomain::accept(Endpoint *endpoint, ConnectionRequest *request, const void *private_data,
                               uint32_t private_len) {
-  auto *msg_endpoint = dynamic_cast<MsgEndpoint *>(endpoint);
-  auto *msg_request = dynamic_cast<MsgConnectionRequest *>(request);
-  if (msg_endpoint == nullptr || msg_request == nullptr || msg_request->answered()) return -EINVAL;
-  if (private_len > caps_.max_private_data || (private_len != 0 && private_data == nullptr)) return -EINVAL;
-  return msg_endpoint->start_accept(msg_request, private_data, private_len);
+  return accept_as<MsgEndpoint, MsgConnectionRequest>(caps_, endpoint, request, private_data, private_len);
 }
 
 gs_status_t MsgDomain::listen(const sockaddr *addr, socklen_t len, int backlog, std::unique_ptr<Listener> *out) {
@@ -351,13 +331,8 @@ gs_status_t MsgDomain::listen(const sockaddr *addr, socklen_t len, int backlog, 
 
 // --- listener ----------------------------------------------------------------
 
-MsgListenerCore::~MsgListenerCore() {
-  if (pep == nullptr) return;
-  std::lock_guard<std::mutex> lock(domain->cm_mutex());
-  // tcp does not drop a closed pep's queued FI_CONNREQs: take them now (and
-  // refuse them) so that none is left naming a freed fid.
+void MsgListenerCore::refuse_queued_locked() {
   domain->pump_locked();
-  domain->remove_mailbox(&pep->fid);
   for (RawCmEvent &event : mailbox.events) {
     if (event.type == RawCmEvent::kConnReq && event.info != nullptr) {
       fi_reject(pep, event.info->handle, nullptr, 0);
@@ -365,19 +340,22 @@ MsgListenerCore::~MsgListenerCore() {
     }
   }
   mailbox.events.clear();
+}
+
+MsgListenerCore::~MsgListenerCore() {
+  if (pep == nullptr) return;
+  std::lock_guard<std::mutex> lock(domain->cm_mutex());
+  // tcp does not drop a closed pep's queued FI_CONNREQs: take them now (and
+  // refuse them) so that none is left naming a freed fid. The mailbox goes
+  // after the pump, which still routes to it.
+  refuse_queued_locked();
+  domain->remove_mailbox(&pep->fid);
   close_fid(pep);
 }
 
 void MsgListenerCore::shutdown() {
   std::lock_guard<std::mutex> lock(domain->cm_mutex());
-  domain->pump_locked();
-  for (RawCmEvent &event : mailbox.events) {
-    if (event.type == RawCmEvent::kConnReq && event.info != nullptr) {
-      fi_reject(pep, event.info->handle, nullptr, 0);
-      fi_freeinfo(event.info);
-    }
-  }
-  mailbox.events.clear();
+  refuse_queued_locked();
   mailbox.pending.store(0, std::memory_order_relaxed);
   mailbox.refuse_from = pep;
 }
@@ -419,17 +397,10 @@ void MsgConnectionRequest::reject() {
 // --- endpoint ----------------------------------------------------------------
 
 gs_status_t MsgEndpoint::init() {
-  const fi_info *info = domain_->info();
-  length_in_data_ = domain_->length_in_cq_data();
   rx_cq_data_ = domain_->rx_cq_data();
-  inject_size_ = domain_->inject_size();
-  gs_status_t ret = ring_.init(info->tx_attr->size);
+  gs_status_t ret = init_base(*domain_);
   if (ret < 0) return ret;
-  fi_cq_attr cq_attr{};
-  cq_attr.size = info->tx_attr->size + info->rx_attr->size;
-  cq_attr.format = FI_CQ_FORMAT_DATA;
-  cq_attr.wait_obj = FI_WAIT_NONE;
-  return fi_status(fi_cq_open(domain_->domain(), &cq_attr, &cq_, nullptr));
+  return domain_->open_endpoint_cq(&cq_);
 }
 
 gs_status_t MsgEndpoint::open_ep(fi_info *info) {
@@ -525,71 +496,15 @@ gs_status_t MsgEndpoint::post_recv(uint32_t count) {
   return post_recvs(count);
 }
 
-gs_status_t MsgEndpoint::post_write(const WriteRequest &request) {
-  if (state_ != State::kEstablished) [[unlikely]] {
-    return state_ == State::kClosed ? -ECONNRESET : -ENOTCONN;
-  }
-  if (ring_.full()) [[unlikely]] return -EAGAIN;
-  ssize_t ret;
-  if (request.inline_data && request.length <= inject_size_) {
-    if (request.has_imm) {
-      ret = fi_inject_writedata(ep_, request.local, request.length, make_cq_data(request.imm, request.length), 0,
-                                request.remote_addr, request.rkey);
-    } else {
-      ret = fi_inject_write(ep_, request.local, request.length, 0, request.remote_addr, request.rkey);
-    }
-    if (ret != 0) [[unlikely]] return fi_status(ret);
-    ring_.push_done(request.token);
-    return 0;
-  }
-  TxRing::Slot *slot = ring_.push(request.token);
-  void *desc = request.region != nullptr ? request.region->desc : nullptr;
-  if (request.has_imm) {
-    ret = fi_writedata(ep_, request.local, request.length, desc, make_cq_data(request.imm, request.length), 0,
-                       request.remote_addr, request.rkey, slot);
-  } else {
-    ret = fi_write(ep_, request.local, request.length, desc, 0, request.remote_addr, request.rkey, slot);
-  }
-  if (ret != 0) [[unlikely]] {
-    ring_.unpush();
-    return fi_status(ret);
-  }
-  return 0;
-}
+gs_status_t MsgEndpoint::post_write(const WriteRequest &request) { return post_write_to(ep_, 0, request); }
 
 int MsgEndpoint::poll(Completion *out, int max) {
   if (cq_ == nullptr || max <= 0) return 0;
   int n = 0;
-  fi_cq_data_entry entries[kCqBatch];
-  ssize_t got = fi_cq_read(cq_, entries, static_cast<size_t>(std::min(max, kCqBatch)));
-  if (got > 0) {
-    for (ssize_t i = 0; i < got; ++i) {
-      const fi_cq_data_entry &entry = entries[i];
-      if ((entry.flags & FI_REMOTE_CQ_DATA) != 0) {
-        fill_recv_imm(entry, length_in_data_, &out[n++]);
-      } else if (ring_.owns(entry.op_context)) {
-        TxRing::complete(entry.op_context, 0);
-      }
-    }
-  } else if (got == -FI_EAVAIL) {
-    fi_cq_err_entry err{};
-    if (fi_cq_readerr(cq_, &err, 0) > 0) {
-      const int status = fi_status(-static_cast<int64_t>(err.err != 0 ? err.err : FI_EIO));
-      if (ring_.owns(err.op_context)) {
-        TxRing::complete(err.op_context, status);
-      } else if ((err.flags & FI_REMOTE_CQ_DATA) != 0) {
-        Completion &c = out[n++];
-        c.kind = CompletionKind::kRecvImm;
-        c.status = status;
-        c.token = 0;
-        c.imm = static_cast<uint32_t>(err.data);
-        c.length = 0;
-      }
-      cm_check_now_ = true;
-    }
-  } else if (got != -FI_EAGAIN) {
-    return fi_status(got);
-  }
+  const int got = read_cq(
+      cq_, out, max, &n, [](const fi_cq_data_entry &) {},
+      [this](const fi_cq_err_entry &, bool) { cm_check_now_ = true; });  // the EQ may say why
+  if (got < 0) return got;
   if (!ring_.empty()) n += ring_.drain(out + n, max - n);
   return n;
 }
@@ -684,12 +599,7 @@ gs_status_t MsgEndpoint::peer_address(sockaddr_storage *out, socklen_t *len) con
 }  // namespace
 
 gs_status_t open_msg_domain(const ProviderAttr &attr, std::unique_ptr<Domain> *out, std::string *error) {
-  if (out == nullptr) return -EINVAL;
-  auto domain = std::make_unique<MsgDomain>(attr);
-  gs_status_t ret = domain->open(error);
-  if (ret < 0) return ret;
-  *out = std::move(domain);
-  return 0;
+  return open_domain_as<MsgDomain>(attr, out, error);
 }
 
 }  // namespace gpusock::wire::fabric

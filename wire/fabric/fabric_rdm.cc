@@ -126,7 +126,6 @@ using shm::Rendezvous;
 using shm::rendezvous_name;
 constexpr int kConnCtrlBufs = 4;
 constexpr int kListenerCtrlBufs = 32;
-constexpr int kCqBatch = 16;
 constexpr uint64_t kLivenessIntervalMs = 10;
 
 enum CtrlType : uint16_t { kReq = 1, kAccept = 2, kReject = 3, kBye = 4, kAck = 5 };
@@ -635,7 +634,11 @@ class RdmDomain final : public FabricDomainBase {
  public:
   explicit RdmDomain(const ProviderAttr &attr) : FabricDomainBase(attr) {}
 
-  gs_status_t open(std::string *error) { return open_base(error); }
+  gs_status_t open(std::string *error) {
+    gs_status_t ret = open_base(error);
+    if (ret == 0) shm::sweep_stale_files_once();  // what killed processes left in /dev/shm (shm_names.h)
+    return ret;
+  }
 
   gs_status_t create_endpoint(ConnectionRequest *request, std::unique_ptr<Endpoint> *out) override;
   gs_status_t accept(Endpoint *endpoint, ConnectionRequest *request, const void *private_data,
@@ -663,12 +666,8 @@ gs_status_t RdmDomain::open_shared(std::shared_ptr<RdmShared> *out) {
   av_attr.count = 4;
   ret = fi_av_open(domain_, &av_attr, &shared->av, nullptr);
   if (ret != 0) return fi_status(ret);
-  fi_cq_attr cq_attr{};
-  cq_attr.size = info_->tx_attr->size + info_->rx_attr->size;
-  cq_attr.format = FI_CQ_FORMAT_DATA;
-  cq_attr.wait_obj = FI_WAIT_NONE;
-  ret = fi_cq_open(domain_, &cq_attr, &shared->cq, nullptr);
-  if (ret != 0) return fi_status(ret);
+  ret = open_endpoint_cq(&shared->cq);
+  if (ret < 0) return ret;
   ret = fi_ep_bind(shared->ep, &shared->av->fid, 0);
   if (ret == 0) ret = fi_ep_bind(shared->ep, &shared->cq->fid, FI_TRANSMIT | FI_RECV);
   if (ret == 0) ret = fi_enable(shared->ep);  // creates /dev/shm/<name>
@@ -912,7 +911,7 @@ void RdmConnectionRequest::reject() {
 
 // --- endpoint ----------------------------------------------------------------
 
-class RdmEndpoint final : public Endpoint {
+class RdmEndpoint final : public FabricEndpointBase {
  public:
   explicit RdmEndpoint(RdmDomain *domain) : domain_(domain) {}
   ~RdmEndpoint() override;
@@ -928,7 +927,6 @@ class RdmEndpoint final : public Endpoint {
   int poll(Completion *out, int max) override;
   int poll_cm(CmEvent *out) override;
   void disconnect() override;
-  uint32_t max_inline() const override { return inject_size_; }
   gs_status_t local_address(sockaddr_storage *out, socklen_t *len) const override {
     return output_sockaddr(local_, out, len);
   }
@@ -937,7 +935,6 @@ class RdmEndpoint final : public Endpoint {
   }
 
  private:
-  enum class State : uint8_t { kIdle, kConnecting, kAccepting, kEstablished, kClosed };
 
   gs_status_t post_ctrl_buf(int index) {
     return fi_status(
@@ -975,10 +972,6 @@ class RdmEndpoint final : public Endpoint {
 
   RdmDomain *domain_;
   std::shared_ptr<RdmShared> shared_;
-  TxRing ring_;
-  State state_ = State::kIdle;
-  bool length_in_data_ = false;
-  uint32_t inject_size_ = 0;
   CtrlMsg ctrl_bufs_[kConnCtrlBufs];
   std::deque<CmEvent> events_;
   std::vector<Completion> stash_;   // data completions read by poll_cm
@@ -1007,10 +1000,7 @@ class RdmEndpoint final : public Endpoint {
 };
 
 gs_status_t RdmEndpoint::init() {
-  const fi_info *info = domain_->info();
-  length_in_data_ = domain_->length_in_cq_data();
-  inject_size_ = domain_->inject_size();
-  gs_status_t ret = ring_.init(info->tx_attr->size);
+  gs_status_t ret = init_base(*domain_);
   if (ret < 0) return ret;
   ret = domain_->open_shared(&shared_);
   if (ret < 0) return ret;
@@ -1222,54 +1212,23 @@ void RdmEndpoint::handle_ctrl(const CtrlMsg &msg, size_t len) {
 }
 
 int RdmEndpoint::process_cq(Completion *out, int max, int *produced) {
-  *produced = 0;
-  if (max <= 0) return 0;
-  fi_cq_data_entry entries[kCqBatch];
-  ssize_t got = fi_cq_read(shared_->cq, entries, static_cast<size_t>(std::min(max, kCqBatch)));
-  if (got > 0) {
-    int n = 0;
-    for (ssize_t i = 0; i < got; ++i) {
-      const fi_cq_data_entry &entry = entries[i];
-      if ((entry.flags & FI_REMOTE_CQ_DATA) != 0) {
-        fill_recv_imm(entry, length_in_data_, &out[n++]);
-      } else if (ring_.owns(entry.op_context)) {
-        TxRing::complete(entry.op_context, 0);
-      } else if ((entry.flags & FI_RECV) != 0) {
-        auto *buf = static_cast<CtrlMsg *>(entry.op_context);
-        if (buf >= ctrl_bufs_ && buf < ctrl_bufs_ + kConnCtrlBufs) {
-          const CtrlMsg msg = *buf;
-          post_ctrl_buf(static_cast<int>(buf - ctrl_bufs_));
-          handle_ctrl(msg, entry.len);
-        }
-      }
-    }
-    *produced = n;
-    return static_cast<int>(got);
-  }
-  if (got == -FI_EAGAIN) return 0;
-  if (got == -FI_EAVAIL) {
-    fi_cq_err_entry err{};
-    if (fi_cq_readerr(shared_->cq, &err, 0) <= 0) return 0;
-    const int status = fi_status(-static_cast<int64_t>(err.err != 0 ? err.err : FI_EIO));
-    if (ring_.owns(err.op_context)) {
-      TxRing::complete(err.op_context, status);
-    } else if ((err.flags & FI_REMOTE_CQ_DATA) != 0) {
-      Completion &c = out[0];
-      c.kind = CompletionKind::kRecvImm;
-      c.status = status;
-      c.token = 0;
-      c.imm = static_cast<uint32_t>(err.data);
-      c.length = 0;
-      *produced = 1;
-    } else {
-      auto *buf = static_cast<CtrlMsg *>(err.op_context);
-      if (buf >= ctrl_bufs_ && buf < ctrl_bufs_ + kConnCtrlBufs && err.err != FI_ECANCELED) {
-        post_ctrl_buf(static_cast<int>(buf - ctrl_bufs_));
-      }
-    }
-    return 1;
-  }
-  return fi_status(got);
+  auto ctrl_index = [this](void *context) {
+    auto *buf = static_cast<CtrlMsg *>(context);
+    return buf >= ctrl_bufs_ && buf < ctrl_bufs_ + kConnCtrlBufs ? static_cast<int>(buf - ctrl_bufs_) : -1;
+  };
+  return read_cq(
+      shared_->cq, out, max, produced,
+      [&](const fi_cq_data_entry &entry) {  // a control message
+        const int index = (entry.flags & FI_RECV) != 0 ? ctrl_index(entry.op_context) : -1;
+        if (index < 0) return;
+        const CtrlMsg msg = ctrl_bufs_[index];
+        post_ctrl_buf(index);
+        handle_ctrl(msg, entry.len);
+      },
+      [&](const fi_cq_err_entry &err, bool matched) {
+        const int index = matched ? -1 : ctrl_index(err.op_context);
+        if (index >= 0 && err.err != FI_ECANCELED) post_ctrl_buf(index);
+      });
 }
 
 void RdmEndpoint::peer_gone(bool dead_process) {
@@ -1367,66 +1326,18 @@ void RdmEndpoint::disconnect() {
 }
 
 gs_status_t RdmEndpoint::post_write(const WriteRequest &request) {
-  if (state_ != State::kEstablished) [[unlikely]] {
-    return state_ == State::kClosed ? -ECONNRESET : -ENOTCONN;
-  }
-  if (ring_.full()) [[unlikely]] return -EAGAIN;
-  ssize_t ret;
-  if (request.inline_data && request.length <= inject_size_) {
-    if (request.has_imm) {
-      ret = fi_inject_writedata(shared_->ep, request.local, request.length, make_cq_data(request.imm, request.length),
-                                peer_.addr, request.remote_addr, request.rkey);
-    } else {
-      ret = fi_inject_write(shared_->ep, request.local, request.length, peer_.addr, request.remote_addr,
-                            request.rkey);
-    }
-    if (ret != 0) [[unlikely]] return fi_status(ret);
-    ring_.push_done(request.token);
-    return 0;
-  }
-  TxRing::Slot *slot = ring_.push(request.token);
-  void *desc = request.region != nullptr ? request.region->desc : nullptr;
-  if (request.has_imm) {
-    ret = fi_writedata(shared_->ep, request.local, request.length, desc, make_cq_data(request.imm, request.length),
-                       peer_.addr, request.remote_addr, request.rkey, slot);
-  } else {
-    ret = fi_write(shared_->ep, request.local, request.length, desc, peer_.addr, request.remote_addr, request.rkey,
-                   slot);
-  }
-  if (ret != 0) [[unlikely]] {
-    ring_.unpush();
-    return fi_status(ret);
-  }
-  return 0;
+  return post_write_to(shared_->ep, peer_.addr, request);
 }
 
 // --- domain ------------------------------------------------------------------
 
 gs_status_t RdmDomain::create_endpoint(ConnectionRequest *request, std::unique_ptr<Endpoint> *out) {
-  if (out == nullptr) return -EINVAL;
-  RdmConnectionRequest *rdm_request = nullptr;
-  if (request != nullptr) {
-    rdm_request = dynamic_cast<RdmConnectionRequest *>(request);
-    if (rdm_request == nullptr || rdm_request->answered()) return -EINVAL;
-  }
-  auto endpoint = std::make_unique<RdmEndpoint>(this);
-  gs_status_t ret = endpoint->init();
-  if (ret < 0) return ret;
-  if (rdm_request != nullptr) {
-    ret = endpoint->init_from_request(rdm_request);
-    if (ret < 0) return ret;
-  }
-  *out = std::move(endpoint);
-  return 0;
+  return create_endpoint_as<RdmEndpoint, RdmConnectionRequest>(this, request, out);
 }
 
 gs_status_t RdmDomain::accept(Endpoint *endpoint, ConnectionRequest *request, const void *private_data,
                               uint32_t private_len) {
-  auto *rdm_endpoint = dynamic_cast<RdmEndpoint *>(endpoint);
-  auto *rdm_request = dynamic_cast<RdmConnectionRequest *>(request);
-  if (rdm_endpoint == nullptr || rdm_request == nullptr || rdm_request->answered()) return -EINVAL;
-  if (private_len > caps_.max_private_data || (private_len != 0 && private_data == nullptr)) return -EINVAL;
-  return rdm_endpoint->start_accept(rdm_request, private_data, private_len);
+  return accept_as<RdmEndpoint, RdmConnectionRequest>(caps_, endpoint, request, private_data, private_len);
 }
 
 gs_status_t RdmDomain::listen(const sockaddr *addr, socklen_t len, int /*backlog*/, std::unique_ptr<Listener> *out) {
@@ -1483,13 +1394,7 @@ gs_status_t RdmDomain::listen(const sockaddr *addr, socklen_t len, int /*backlog
 }  // namespace
 
 gs_status_t open_rdm_domain(const ProviderAttr &attr, std::unique_ptr<Domain> *out, std::string *error) {
-  if (out == nullptr) return -EINVAL;
-  auto domain = std::make_unique<RdmDomain>(attr);
-  gs_status_t ret = domain->open(error);
-  if (ret < 0) return ret;
-  shm::sweep_stale_files_once();  // what killed processes left in /dev/shm (shm_names.h)
-  *out = std::move(domain);
-  return 0;
+  return open_domain_as<RdmDomain>(attr, out, error);
 }
 
 }  // namespace gpusock::wire::fabric
