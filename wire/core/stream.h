@@ -138,6 +138,12 @@ class Stream {
   // Everything is sent and the in-band DISCONNECT completed (or cannot be sent):
   // the transport may now tear the connection down.
   GS_HD bool ready_for_teardown() const;
+  // The peer's DISCONNECT arrived before ours was sent: the peer closed first
+  // and is waiting, in its close, for its DISCONNECT to complete, which needs
+  // our transport's acknowledgement. Keep the transport until the peer tears
+  // its side down (transport_closed) or a bound passes.
+  GS_HD bool peer_closed_first() const { return peer_closed_first_; }
+  GS_HD bool transport_closed() const { return transport_closed_; }
 
   // ---- inspection ----
   GS_HD StreamState state() const { return state_; }
@@ -196,6 +202,7 @@ class Stream {
   bool disconnect_done_ = false;
   bool shutdown_sent_ = false;
   bool peer_disconnected_ = false;  // the peer's in-band DISCONNECT arrived
+  bool peer_closed_first_ = false;  // ... before ours was sent
   bool local_shut_rd_ = false;
   bool transport_closed_ = false;
   bool keepalive_pending_ = false;

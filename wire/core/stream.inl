@@ -97,6 +97,7 @@ GS_HD int Stream::on_recv_imm(uint32_t imm, uint32_t /*length*/) {
     case ImmOp::kCtrl:
       if (value == kCtrlDisconnect) {
         peer_disconnected_ = true;
+        peer_closed_first_ = !disconnect_sent_;
         readable_ = false;
         set_disconnected();
       } else if (value == kCtrlShutdown) {

@@ -28,6 +28,9 @@ thread_local char t_last_error[256] = "";
 constexpr uint32_t kMetaSize = 4096;  // target table (32 B) + control staging (4 × 16 B)
 constexpr uint32_t kTableBytes = kSglSize * kSglRecordSize;
 constexpr uint32_t kPollBatch = 32;
+// How long a socket whose peer closed first keeps its transport for the peer
+// to tear its side down (see close_finished).
+constexpr std::chrono::milliseconds kPeerTeardownWait{1000};
 
 uint8_t *alloc_buffer(size_t size) {
   // Page-aligned, as rsocket does, so registrations never share a page (fork safety).
@@ -626,7 +629,16 @@ bool StreamSocket::close_finished() {
   // transport down: the peer may still have credit updates in flight, and a
   // kernel TCP socket closed with unread data resets the connection, which can
   // discard the tail of what we sent (fabric:tcp).
-  if (teardown_at_ == Clock::time_point{}) teardown_at_ = now + std::chrono::milliseconds(50);
+  // When the peer closed first it waits, in its close, for its own DISCONNECT
+  // to complete, and that needs our side's transport-level acknowledgement:
+  // Soft-RoCE hands us the DISCONNECT before it sends that ACK, so destroying
+  // the QP at once can hang the peer (interop K6). The peer tears its side down
+  // once its close is done, which reaches us as the transport's disconnect:
+  // wait for that, bounded.
+  const bool wait_for_peer = core_.peer_closed_first() && !core_.transport_closed();
+  if (teardown_at_ == Clock::time_point{})
+    teardown_at_ = now + (wait_for_peer ? kPeerTeardownWait : std::chrono::milliseconds(50));
+  if (core_.peer_closed_first() && core_.transport_closed()) return true;
   return now >= teardown_at_;
 }
 

@@ -200,6 +200,36 @@ TEST(Pair, HalfCloseEachDirection) {
   EXPECT_TRUE(p.b().s.ready_for_teardown());
   EXPECT_EQ(p.a().s.error(), 0);
   EXPECT_EQ(p.b().s.error(), 0);
+  // B's DISCONNECT reached A, which had sent only a SHUTDOWN: B's close waits
+  // on A's acknowledgement, so A must keep its transport (interop K6).
+  EXPECT_TRUE(p.a().s.peer_closed_first());
+  EXPECT_FALSE(p.b().s.peer_closed_first());
+}
+
+TEST(Pair, PeerClosedFirstOnlyOnThePassiveSide) {
+  // A closes (DISCONNECT); B reads EOF, then closes too. Only B saw the peer's
+  // DISCONNECT before sending its own.
+  Pair p(config(1), config(1));
+  std::string err;
+  transfer(p, 0, 4096, &err);
+  ASSERT_TRUE(err.empty()) << err;
+  p.a().s.shutdown(kShutRdWr);
+  settle(p, &err);
+  ASSERT_TRUE(p.ok()) << p.violation;
+  EXPECT_TRUE(p.b().s.recv_closed());
+  EXPECT_TRUE(p.b().s.peer_closed_first());
+  EXPECT_FALSE(p.a().s.peer_closed_first());
+  p.b().s.shutdown(kShutRdWr);
+  settle(p, &err);
+  ASSERT_TRUE(p.ok()) << p.violation;
+  EXPECT_TRUE(p.a().s.ready_for_teardown());
+  EXPECT_TRUE(p.b().s.ready_for_teardown());
+  EXPECT_FALSE(p.a().s.peer_closed_first());
+  EXPECT_TRUE(p.b().s.peer_closed_first());
+  EXPECT_FALSE(p.b().s.transport_closed());
+  p.b().s.on_transport_closed(-ECONNRESET);  // A tore its side down
+  EXPECT_TRUE(p.b().s.transport_closed());
+  EXPECT_EQ(p.b().s.error(), 0);  // after a clean close, not a reset
 }
 
 TEST(Pair, HalfCloseWhilePeerKeepsStreaming) {
