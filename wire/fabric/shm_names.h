@@ -26,9 +26,13 @@
 // the process named in it is dead (its lock can outlive it in a child that was
 // forked without exec and inherited the descriptor).
 //
-// Sweeping. open_rdm_domain removes, once per process, the region files whose
-// owner is dead and the rendezvous files that are stale; listen() takes over a
-// stale rendezvous; a client treats one as "nobody listens".
+// Sweeping. Opening a shm domain removes, once per process, the region files
+// whose owner is dead and the rendezvous files that are stale; listen() takes
+// over a stale rendezvous; a client treats one as "nobody listens".
+//
+// Liveness is judged through this process's /proc, so processes that share a
+// /dev/shm must share a pid namespace (shm itself needs that: its CMA path
+// addresses peers by pid).
 #pragma once
 
 #include <sys/types.h>
