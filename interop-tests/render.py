@@ -21,6 +21,7 @@ SECTIONS = [
     ("hostile", "Bad input: gs_hostile, a deliberately misbehaving peer on wire/transport.h + wire/verbs"),
     ("errors", "Errors users will hit"),
     ("proof", "Proof that the bytes went over verbs"),
+    ("twohosts", "Two hosts: two guests, each with its own rxe0, joined by a private link (interop-tests/run-two-guests.sh)"),
 ]
 
 ROLE_LABELS = {
@@ -42,6 +43,8 @@ ROLE_TITLES = {
              "gs-client": "memcached on librspreload ← tools on gpusock's shim",
              "baseline": "librspreload on both sides (no gpusock)"},
     "gpu": {"gs-server": "GPU echo server ← peer"},
+    "twohosts": {"gs-server": "gpusock in B (server) ← rdma-core in A", "gs-client": "rdma-core in B (server) ← gpusock in A",
+                 "baseline": "rdma-core ↔ rdma-core"},
     "hostile": {"gs-server": "gpusock = server (victim)", "gs-client": "gpusock = client"},
     "errors": {"gs-server": "gpusock = server", "gs-client": "gpusock = client / caller"},
 }
