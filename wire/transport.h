@@ -165,6 +165,10 @@ class Domain {
                              uint32_t private_len) = 0;
   virtual gs_status_t listen(const sockaddr *addr, socklen_t len, int backlog,
                              std::unique_ptr<Listener> *out) = 0;
+  // Why this thread's last failing call failed, in words, when the transport
+  // knows more than the status says (e.g. which process holds a port);
+  // empty otherwise.
+  virtual std::string last_error_detail() const { return {}; }
 };
 
 // Opens the transport named by `spec` ("verbs", "fabric:tcp", "fabric:shm"; empty:

@@ -119,10 +119,13 @@ class TxRing {
   uint64_t tail_ = 0;
 };
 
+const std::string &error_detail();  // below: what the last failing call of this thread found
+
 // Fabric + domain + the fi_info they came from; memory registration. The MSG
 // and RDM domains derive from it.
 class FabricDomainBase : public Domain {
  public:
+  std::string last_error_detail() const override { return error_detail(); }
   ~FabricDomainBase() override;
 
   const TransportCaps &caps() const override { return caps_; }

@@ -159,7 +159,10 @@ int StreamSocket::listen(int backlog) {
     local_len_ = family_ == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
   }
   int rc = domain_->listen(reinterpret_cast<sockaddr *>(&local_addr_), local_len_, backlog_, &listener_);
-  if (rc < 0) return fail_locked(rc, "listen failed");
+  if (rc < 0) {
+    const std::string detail = domain_->last_error_detail();
+    return fail_locked(rc, detail.empty() ? "listen failed" : detail.c_str());
+  }
   listener_->local_address(&local_addr_, &local_len_);
   role_ = Role::kListening;
   return 0;

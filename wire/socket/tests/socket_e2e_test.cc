@@ -437,6 +437,22 @@ TEST(SocketErrors, CallsOnWrongObjects) {
   EXPECT_EQ(gs_close(fd), -EBADF);
 }
 
+TEST_F(SocketE2E, ListenOnAPortInUseSaysWhoHoldsIt) {
+  // The echo peer (another process) listens on port_.
+  ASSERT_GE(connect_to(port_), 0);  // it is up
+  const int fd = gs_socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in a = loopback(port_);
+  ASSERT_EQ(gs_bind(fd, reinterpret_cast<sockaddr *>(&a), sizeof a) == 0 ? gs_listen(fd, 8) : -EADDRINUSE,
+            -EADDRINUSE);
+  const std::string why = gs_last_error();
+  EXPECT_NE(why.find("EADDRINUSE"), std::string::npos) << why;
+  const char *transport = std::getenv("GPUSOCK_TRANSPORT");
+  if (transport != nullptr && std::string(transport) == "fabric:shm")  // shm knows the owner
+    EXPECT_NE(why.find("in use by process " + std::to_string(echo_->pid())), std::string::npos) << why;
+  gs_close(fd);
+}
+
 TEST_F(SocketE2E, OptionsAndNames) {
   int fd = gs_socket(AF_INET, SOCK_STREAM, 0);
   ASSERT_GE(fd, 0);
