@@ -359,10 +359,12 @@ bool Proxy::Impl::drain_requests() {
     if (__atomic_load_n(&e->seq, __ATOMIC_ACQUIRE) != head_ + 1) break;
     Request r;
     std::memcpy(static_cast<void *>(&r), e, 64);
-    // The line may still be arriving piece by piece: take it only whole.
-    if (r.seq != head_ + 1 || request_check(reinterpret_cast<const uint64_t *>(&r)) != r.check) break;
+    if (r.addr_len > 0)  // words 8..11, as hashed (the address and the padding after it)
+      std::memcpy(reinterpret_cast<uint64_t *>(&r) + 8, reinterpret_cast<const uint64_t *>(e) + 8, 32);
+    // The request may still be arriving piece by piece: take it only whole.
+    if (r.seq != head_ + 1 || request_check(reinterpret_cast<const uint64_t *>(&r), r.addr_len > 0) != r.check)
+      break;
     std::atomic_thread_fence(std::memory_order_acquire);
-    if (r.addr_len > 0) std::memcpy(r.addr, e->addr, std::min<uint32_t>(r.addr_len, kMaxAddrLen));
     ++head_;
     ++taken;
     handle(r);

@@ -58,7 +58,7 @@ GS_DEV void publish_done(BenchResult *r) {
 GS_DEV int connect_retry(const DeviceContext &ctx, int port) {
   const sockaddr_in a = ipv4_address(127, 0, 0, 1, static_cast<uint16_t>(port));
   int rc = -ECONNREFUSED;
-  for (int attempt = 0; attempt < 400; ++attempt) {
+  for (int attempt = 0; attempt < 5000; ++attempt) {  // up to ~5 s for the peer to listen
     const int s = gsocket(ctx, AF_INET, SOCK_STREAM);
     if (s < 0) return s;
     rc = gconnect(ctx, s, reinterpret_cast<const sockaddr *>(&a), sizeof a, 5000);

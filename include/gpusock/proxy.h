@@ -53,9 +53,9 @@ inline constexpr uint32_t kMaxAddrLen = 28;  // sizeof(sockaddr_in6)
 
 // One request, written by one GPU thread (a block's or a warp's leader). The
 // first cache line holds everything but the address, with seq = ticket + 1 and
-// `check`, a hash of the line; the GPU writes that line with back-to-back
-// 16-byte stores after a release fence (and the address line, when there is
-// one, before the fence). Every partial-line write from PCIe costs the host a
+// `check`, a hash of the request; the GPU writes that line with back-to-back
+// 16-byte stores (after a release fence when ring bytes it wrote must be
+// visible first; the address line, when there is one, before it). Every partial-line write from PCIe costs the host a
 // read-modify-write of the line the proxy is polling, so the fewer the better;
 // in exchange the line may become visible piece by piece, and the proxy takes
 // an entry only once seq is the ticket it expects AND check matches, so neither
@@ -78,11 +78,14 @@ struct alignas(64) Request {
 static_assert(sizeof(Request) == 128, "two cache lines");
 static_assert(offsetof(Request, check) == 56 && offsetof(Request, addr) == 64, "line 0: all but the address");
 
-// The hash of a request's first line (words 0..6).
-GPUSOCK_HD inline uint64_t request_check(const uint64_t *line) {
+// The hash of a request: words 0..6 of the first line, and with an address
+// the first 4 words of the second line (the address) as well.
+GPUSOCK_HD inline uint64_t request_check(const uint64_t *words, bool with_addr) {
   uint64_t h = 0x6A09E667F3BCC909ull;
-  for (int i = 0; i < 7; ++i) {
-    h ^= line[i];
+  const int n = with_addr ? 12 : 7;
+  for (int i = 0; i < n; ++i) {
+    if (i == 7) continue;  // check itself
+    h ^= words[i];
     h *= 0x9E3779B97F4A7C15ull;
     h ^= h >> 29;
   }
