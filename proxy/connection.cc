@@ -1,5 +1,7 @@
 #include "proxy/connection.h"
 
+#include "wire/post_action.h"
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -12,7 +14,6 @@ using namespace gpusock::wire;
 namespace {
 
 constexpr uint32_t kMetaSize = 4096;  // target table (2 x 16 B) + control staging (4 x 16 B)
-constexpr uint32_t kTableBytes = kSglSize * kSglRecordSize;
 constexpr uint32_t kPollBatch = 32;
 
 }  // namespace
@@ -162,33 +163,9 @@ bool Connection::drain_actions() {
   bool did = false;
   Action a;
   while (core_.peek_action(&a)) {
-    int rc;
-    if (a.kind == ActionKind::kPostRecv) {
-      rc = endpoint_->post_recv(a.count);
-    } else {
-      if (!transport_established_) break;
-      WriteRequest w;
-      w.length = a.length;
-      w.remote_addr = a.remote_addr;
-      w.rkey = a.rkey;
-      w.imm = a.imm;
-      w.has_imm = a.has_imm;
-      w.token = a.token;
-      w.inline_data = a.inline_ok;
-      if (a.write_kind == WriteKind::kData) {
-        w.local = static_cast<uint8_t *>(buffers_.sbuf) + a.sbuf_offset;
-        w.region = &sbuf_mr_;
-      } else {
-        // At most kQpCtrlSize control writes are outstanding: 4 staging slots
-        // used round-robin are never overwritten while in flight.
-        uint8_t *stage = meta_ + kTableBytes + (ctrl_stage_next_ % kQpCtrlSize) * kSglRecordSize;
-        std::memcpy(stage, a.record, sizeof a.record);
-        w.local = stage;
-        w.region = &meta_mr_;
-      }
-      rc = endpoint_->post_write(w);
-      if (rc == 0 && a.write_kind != WriteKind::kData) ++ctrl_stage_next_;
-    }
+    if (a.kind != ActionKind::kPostRecv && !transport_established_) break;
+    const ConnectionMemory memory{static_cast<uint8_t *>(buffers_.sbuf), &sbuf_mr_, meta_, &meta_mr_};
+    const int rc = post_action(*endpoint_, a, memory, ctrl_stage_next_);
     if (rc == -EAGAIN) break;  // the transport's queue is full: retry on the next pass
     if (rc < 0) {
       transport_gone(rc);

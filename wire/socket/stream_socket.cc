@@ -1,5 +1,6 @@
 #include "wire/socket/stream_socket.h"
 
+#include "wire/post_action.h"
 #include "wire/socket/engine.h"
 
 #include <gpusock/socket.h>
@@ -26,7 +27,6 @@ namespace {
 thread_local char t_last_error[256] = "";
 
 constexpr uint32_t kMetaSize = 4096;  // target table (32 B) + control staging (4 × 16 B)
-constexpr uint32_t kTableBytes = kSglSize * kSglRecordSize;
 constexpr uint32_t kPollBatch = 32;
 // How long a socket whose peer closed first keeps its transport for the peer
 // to tear its side down (see close_finished).
@@ -407,33 +407,8 @@ bool StreamSocket::drain_actions_locked() {
   bool did = false;
   Action a;
   while (core_.peek_action(&a)) {
-    int rc;
-    if (a.kind == ActionKind::kPostRecv) {
-      rc = endpoint_->post_recv(a.count);
-    } else {
-      if (!transport_established_) break;
-      WriteRequest w;
-      w.length = a.length;
-      w.remote_addr = a.remote_addr;
-      w.rkey = a.rkey;
-      w.imm = a.imm;
-      w.has_imm = a.has_imm;
-      w.token = a.token;
-      w.inline_data = a.inline_ok;
-      if (a.write_kind == WriteKind::kData) {
-        w.local = sbuf_ + a.sbuf_offset;
-        w.region = &sbuf_mr_;
-      } else {
-        // At most kQpCtrlSize control writes are outstanding, so 4 staging slots
-        // used round-robin are never overwritten while in flight.
-        uint8_t *stage = meta_ + kTableBytes + (ctrl_stage_next_ % kQpCtrlSize) * kSglRecordSize;
-        std::memcpy(stage, a.record, sizeof a.record);
-        w.local = stage;
-        w.region = &meta_mr_;
-      }
-      rc = endpoint_->post_write(w);
-      if (rc == 0 && a.write_kind != WriteKind::kData) ++ctrl_stage_next_;
-    }
+    if (a.kind != ActionKind::kPostRecv && !transport_established_) break;
+    const int rc = post_action(*endpoint_, a, {sbuf_, &sbuf_mr_, meta_, &meta_mr_}, ctrl_stage_next_);
     if (rc == -EAGAIN) break;  // the transport's queue is full: retry on the next pass
     if (rc < 0) {
       core_.on_transport_closed(rc);
