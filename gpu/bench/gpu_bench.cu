@@ -45,7 +45,7 @@ struct BenchResult {
   char reply[60];
 };
 
-GS_DEV void publish_done(BenchResult *r) {
+GS_HD void publish_done(BenchResult *r) {
 #if defined(__CUDA_ARCH__)
   __threadfence_system();
   *reinterpret_cast<volatile int *>(&r->done) = 1;
@@ -55,7 +55,7 @@ GS_DEV void publish_done(BenchResult *r) {
 #endif
 }
 
-GS_DEV int connect_retry(const DeviceContext &ctx, int port) {
+GS_HD int connect_retry(const DeviceContext &ctx, int port) {
   const sockaddr_in a = ipv4_address(127, 0, 0, 1, static_cast<uint16_t>(port));
   int rc = -ECONNREFUSED;
   for (int attempt = 0; attempt < 5000; ++attempt) {  // up to ~5 s for the peer to listen
@@ -77,7 +77,7 @@ struct FloorKernel {
   uint64_t *to_gpu;
   int iters;
   BenchResult *out;
-  GS_DEV void operator()() const {
+  GS_HD void operator()() const {
     if (thread_rank() != 0) return;
     unsigned long long t0 = now_ns();
     for (int i = 1; i <= iters + 100; ++i) {
@@ -104,7 +104,7 @@ struct MicroKernel {
   uint64_t *lines;  // host-mapped: 2 x 64 B per block (request line, answer line)
   unsigned long long *counter;
   BenchResult *out;  // per block
-  GS_DEV void operator()() const {
+  GS_HD void operator()() const {
     if (thread_rank() != 0) return;
     uint64_t *mine = lines + size_t(block_index()) * 16;
     uint64_t sink = 0;
@@ -139,14 +139,14 @@ struct MicroKernel {
     r->bytes = sink;
     publish_done(r);
   }
-  GS_DEV static unsigned long long atomic_add_dev(unsigned long long *p) { return prim::atomic_add(p, 1ull); }
+  GS_HD static unsigned long long atomic_add_dev(unsigned long long *p) { return prim::atomic_add(p, 1ull); }
 };
 
 struct DoorbellKernel {
   DeviceContext ctx;
   int iters;
   BenchResult *out;
-  GS_DEV void operator()() const {
+  GS_HD void operator()() const {
     const int s = gsocket(ctx, AF_INET, SOCK_STREAM);
     int rc = s < 0 ? s : 0;
     for (int i = 0; i < 100 && rc == 0; ++i) rc = gnop(ctx, s);  // warm up
@@ -167,7 +167,7 @@ struct RequestRateKernel {
   DeviceContext ctx;
   unsigned long long ns;
   BenchResult *out;  // one per block
-  GS_DEV void operator()() const {
+  GS_HD void operator()() const {
     const int s = gsocket(ctx, AF_INET, SOCK_STREAM);
     int rc = s < 0 ? s : gnop(ctx, s);
     unsigned long long n = 0;
@@ -196,7 +196,7 @@ struct PingPongKernel {
   int iters;
   uint8_t *buf;  // 2 x 64
   BenchResult *out;
-  GS_DEV void operator()() const {
+  GS_HD void operator()() const {
     const int s = connect_retry(ctx, port);
     int rc = s < 0 ? s : 0;
     for (uint32_t i = thread_rank(); i < 64; i += block_dim()) buf[i] = static_cast<uint8_t>(i);
@@ -222,7 +222,7 @@ struct ListenKernel {
   DeviceContext ctx;
   int port;
   BenchResult *out;  // count = the listener's fd
-  GS_DEV void operator()() const {
+  GS_HD void operator()() const {
     const int s = gsocket(ctx, AF_INET, SOCK_STREAM);
     const sockaddr_in a = ipv4_address(127, 0, 0, 1, static_cast<uint16_t>(port));
     int rc = s < 0 ? s : gbind(ctx, s, reinterpret_cast<const sockaddr *>(&a), sizeof a);
@@ -242,7 +242,7 @@ struct EchoServerKernel {
   uint8_t *buf;
   uint32_t buf_size;
   BenchResult *out;
-  GS_DEV void operator()() const {
+  GS_HD void operator()() const {
     const int c = gaccept(ctx, listener, 0, 20000);
     int rc = c < 0 ? c : 0;
     unsigned long long bytes = 0;
@@ -274,7 +274,7 @@ struct DrainServerKernel {
   uint32_t chunk;
   uint64_t *count;  // host-mapped
   BenchResult *out;
-  GS_DEV void operator()() const {
+  GS_HD void operator()() const {
     const int c = gaccept(ctx, listener, 0, 20000);
     int rc = c < 0 ? c : 0;
     uint64_t total = 0;
@@ -308,7 +308,7 @@ struct StreamKernel {
   uint64_t chunk;
   uint64_t total;
   BenchResult *out;
-  GS_DEV void operator()() const {
+  GS_HD void operator()() const {
     for (uint64_t i = thread_rank(); i < chunk; i += block_dim()) data[i] = static_cast<uint8_t>(i * 13);
     sync_block();
     const int s = connect_retry(ctx, port);

@@ -31,7 +31,7 @@ struct EchoClientKernel {
   uint32_t size;
   uint8_t *buffers;  // 2 x size per block
   ClientResult *out;
-  GS_DEV void operator()() const {
+  GS_HD void operator()() const {
     uint8_t *tx = buffers + size_t(block_index()) * 2 * size;
     uint8_t *rx = tx + size;
     ClientResult *r = out + block_index();

@@ -9,7 +9,7 @@ using namespace gpusock;
 
 struct Listen {  // one block: socket, bind, listen; the fd goes to *out
   DeviceContext ctx; uint16_t port; int *out;
-  GS_DEV void operator()() const {
+  GS_HD void operator()() const {
     const sockaddr_in any = ipv4_address(0, 0, 0, 0, port);
     int s = gsocket(ctx, AF_INET, SOCK_STREAM);
     int rc = gbind(ctx, s, reinterpret_cast<const sockaddr *>(&any), sizeof any);
@@ -20,7 +20,7 @@ struct Listen {  // one block: socket, bind, listen; the fd goes to *out
 
 struct Echo {  // persistent: each block serves one connection at a time
   DeviceContext ctx; int listener; uint8_t *bufs;
-  GS_DEV void operator()() const {
+  GS_HD void operator()() const {
     uint8_t *buf = bufs + block_index() * 65536;
     while (!gshould_stop(ctx)) {
       const int c = gaccept(ctx, listener, 0, 100);  // -ETIMEDOUT: look at the stop flag again

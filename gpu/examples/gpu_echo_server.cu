@@ -25,7 +25,7 @@ struct ListenKernel {
   DeviceContext ctx;
   int port;
   int *out;
-  GS_DEV void operator()() const {
+  GS_HD void operator()() const {
     const int s = gsocket(ctx, AF_INET, SOCK_STREAM | SOCK_NONBLOCK);  // accepting never blocks a block
     const sockaddr_in any = ipv4_address(0, 0, 0, 0, static_cast<uint16_t>(port));
     int rc = s < 0 ? s : gbind(ctx, s, reinterpret_cast<const sockaddr *>(&any), sizeof any);
@@ -45,7 +45,7 @@ struct EchoServerKernel {
   // The accepted sockets are non-blocking: a send stops where the ring is
   // full. Waits (POLLOUT on the connection's own poll entry) for the peer
   // to drain it, up to 10 s of no progress.
-  GS_DEV bool send_all(int fd, gpollfd *entry, ssize_t n) const {
+  GS_HD bool send_all(int fd, gpollfd *entry, ssize_t n) const {
     ssize_t sent = 0;
     while (sent < n) {
       const ssize_t k = gsend(ctx, fd, buf_of_block() + sent, static_cast<size_t>(n - sent));
@@ -63,8 +63,8 @@ struct EchoServerKernel {
     }
     return true;
   }
-  GS_DEV uint8_t *buf_of_block() const { return buffers + size_t(block_index()) * buf_size; }
-  GS_DEV void operator()() const {
+  GS_HD uint8_t *buf_of_block() const { return buffers + size_t(block_index()) * buf_size; }
+  GS_HD void operator()() const {
     gpollfd *pf = polls + size_t(block_index()) * (conns + 1);
     uint8_t *buf = buf_of_block();
     if (thread_rank() == 0) {

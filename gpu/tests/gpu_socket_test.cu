@@ -41,7 +41,7 @@ struct AgentResult {
   char reply[64];
 };
 
-GS_DEV void publish_i64(int64_t *p, int64_t v) {
+GS_HD void publish_i64(int64_t *p, int64_t v) {
 #if defined(__CUDA_ARCH__)
   *reinterpret_cast<volatile int64_t *>(p) = v;
   __threadfence_system();
@@ -49,7 +49,7 @@ GS_DEV void publish_i64(int64_t *p, int64_t v) {
   __atomic_store_n(p, v, __ATOMIC_RELEASE);
 #endif
 }
-GS_DEV void publish_i32(int32_t *p, int32_t v) {
+GS_HD void publish_i32(int32_t *p, int32_t v) {
 #if defined(__CUDA_ARCH__)
   *reinterpret_cast<volatile int32_t *>(p) = v;
   __threadfence_system();
@@ -58,10 +58,10 @@ GS_DEV void publish_i32(int32_t *p, int32_t v) {
 #endif
 }
 
-GS_DEV sockaddr_in loopback(int port) { return ipv4_address(127, 0, 0, 1, static_cast<uint16_t>(port)); }
+GS_HD sockaddr_in loopback(int port) { return ipv4_address(127, 0, 0, 1, static_cast<uint16_t>(port)); }
 
 // Block-cooperative connect that retries while the peer is not listening yet.
-GS_DEV int connect_retry(const DeviceContext &ctx, int port) {
+GS_HD int connect_retry(const DeviceContext &ctx, int port) {
   const uint64_t end = now_ns() + 20ull * 1000000000ull;
   int rc = -ETIMEDOUT;
   while (now_ns() < end) {
@@ -86,7 +86,7 @@ struct ListenKernel {
   int backlog;
   int type_flags;
   AgentResult *out;
-  GS_DEV void operator()() const {
+  GS_HD void operator()() const {
     const int s = gsocket(ctx, AF_INET, SOCK_STREAM | type_flags);
     const sockaddr_in a = loopback(port);
     int rc = s < 0 ? s : gbind(ctx, s, reinterpret_cast<const sockaddr *>(&a), sizeof a);
@@ -108,7 +108,7 @@ struct EchoBlockKernel {
   uint32_t buf_size;
   gpollfd *polls;
   AgentResult *out;
-  GS_DEV void operator()() const {
+  GS_HD void operator()() const {
     const unsigned b = block_index();
     uint8_t *buf = bufs + size_t(b) * buf_size;
     gpollfd *pf = polls + size_t(b) * conns;
@@ -170,7 +170,7 @@ struct EchoWarpKernel {
   uint32_t buf_size;
   gpollfd *polls;
   AgentResult *out;
-  GS_DEV void operator()() const {
+  GS_HD void operator()() const {
     const unsigned agent = block_index() * (block_dim() / warp_size()) + warp_index();
     uint8_t *buf = bufs + size_t(agent) * buf_size;
     gpollfd *pf = polls + size_t(agent) * conns;
@@ -235,7 +235,7 @@ struct BulkSendKernel {
   uint32_t seed;
   int flags;  // MSG_DONTWAIT: count -EAGAIN and retry (back-pressure test)
   AgentResult *out;
-  GS_DEV void operator()() const {
+  GS_HD void operator()() const {
     const unsigned b = block_index();
     uint8_t *mine = data + size_t(b) * max_size;
     for (uint64_t i = thread_rank(); i < max_size; i += block_dim()) mine[i] = pattern_byte(i, seed + b);
@@ -299,7 +299,7 @@ struct OneByteSendKernel {
   uint8_t *data;
   uint32_t seed;
   AgentResult *out;
-  GS_DEV void operator()() const {
+  GS_HD void operator()() const {
     const unsigned b = block_index();
     uint8_t *mine = data + size_t(b) * n;
     for (uint64_t i = thread_rank(); i < n; i += block_dim()) mine[i] = pattern_byte(i, seed + b);
@@ -343,7 +343,7 @@ struct BulkRecvKernel {
   uint32_t chunk;
   uint32_t pause;
   AgentResult *out;
-  GS_DEV void operator()() const {
+  GS_HD void operator()() const {
     const int s = gaccept(ctx, listener, 0, 30000);
     int err = s < 0 ? s : 0;
     uint64_t total = 0;
@@ -380,7 +380,7 @@ struct UntilErrorKernel {
   uint8_t *buf;
   uint32_t buf_size;
   AgentResult *out;
-  GS_DEV void operator()() const {
+  GS_HD void operator()() const {
     const int s = listener >= 0 ? gaccept(ctx, listener, 0, 30000) : connect_retry(ctx, port);
     int64_t total = 0;
     ssize_t n = s;
@@ -409,7 +409,7 @@ struct Poll32Kernel {
   uint8_t *payload;  // kSockets x 16 bytes
   uint8_t *echo;     // kSockets x 16 bytes
   int64_t *results;  // see PollOver32Sockets
-  GS_DEV void operator()() const {
+  GS_HD void operator()() const {
     int err = 0;
     for (int i = 0; i < kSockets && err == 0; ++i) {
       const int s = connect_retry(ctx, port);
@@ -472,7 +472,7 @@ struct ErrorsKernel {
   int closed_port;
   int listen_port;
   int64_t *results;
-  GS_DEV void operator()() const {
+  GS_HD void operator()() const {
     int64_t r[16] = {};
     char byte = 0;
     r[0] = gsocket(ctx, AF_UNIX, SOCK_STREAM);
@@ -516,7 +516,7 @@ struct OrphanKernel {
   uint8_t *buf;
   int trap;
   AgentResult *out;
-  GS_DEV void operator()() const {
+  GS_HD void operator()() const {
     for (uint32_t i = thread_rank(); i < 1000; i += block_dim()) buf[i] = static_cast<uint8_t>(i);
     sync_block();
     int err = 0;
@@ -550,7 +550,7 @@ struct ClaimAllKernel {
   int *fds;
   int max;
   AgentResult *out;
-  GS_DEV void operator()() const {
+  GS_HD void operator()() const {
     int n = 0;
     for (; n < max; ++n) {
       const int s = gsocket(ctx, AF_INET, SOCK_STREAM);

@@ -5,15 +5,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#if defined(__CUDACC__)
-#define GS_PATTERN_HD __host__ __device__ inline
-#else
-#define GS_PATTERN_HD inline
-#endif
+#include <gpusock/hd.h>
 
 namespace gpusock::test {
 
-GS_PATTERN_HD uint8_t pattern_byte(uint64_t i, uint32_t seed) {
+GS_HD uint8_t pattern_byte(uint64_t i, uint32_t seed) {
   uint64_t x = (i >> 3) + (uint64_t(seed) << 32) + 0x9E3779B97F4A7C15ull;
   x ^= x >> 33;
   x *= 0xff51afd7ed558ccdull;

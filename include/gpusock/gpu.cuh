@@ -20,6 +20,7 @@
 #ifndef GPUSOCK_GPU_CUH
 #define GPUSOCK_GPU_CUH
 
+#include <gpusock/hd.h>
 #include <gpusock/proxy.h>
 
 #include <netinet/in.h>
@@ -43,11 +44,6 @@
 #include <cuda_runtime.h>
 #endif
 
-#if defined(__CUDACC__)
-#define GS_DEV __host__ __device__ inline
-#else
-#define GS_DEV inline
-#endif
 
 // How a GPU thread waits for the proxy: GPUSOCK_SPIN_POLLS polls back to back,
 // then sleeps of GPUSOCK_SLEEP_MIN_NS doubling up to << GPUSOCK_SLEEP_MAX_SHIFT.
@@ -188,52 +184,52 @@ class HostGrid {
 // ======================================================================
 namespace prim {
 
-GS_DEV unsigned thread_rank() {
+GS_HD unsigned thread_rank() {
 #if defined(__CUDA_ARCH__)
   return threadIdx.x;
 #else
   return host::t_thread.rank;
 #endif
 }
-GS_DEV unsigned block_dim() {
+GS_HD unsigned block_dim() {
 #if defined(__CUDA_ARCH__)
   return blockDim.x;
 #else
   return host::t_thread.block->dim;
 #endif
 }
-GS_DEV unsigned block_index() {
+GS_HD unsigned block_index() {
 #if defined(__CUDA_ARCH__)
   return blockIdx.x;
 #else
   return host::t_thread.block->index;
 #endif
 }
-GS_DEV unsigned grid_dim() {
+GS_HD unsigned grid_dim() {
 #if defined(__CUDA_ARCH__)
   return gridDim.x;
 #else
   return host::t_thread.block->grid_dim;
 #endif
 }
-GS_DEV unsigned warp_size() {
+GS_HD unsigned warp_size() {
 #if defined(__CUDA_ARCH__)
   return 32;
 #else
   return host::t_thread.block->warp_size;
 #endif
 }
-GS_DEV unsigned lane() { return thread_rank() % warp_size(); }
-GS_DEV unsigned warp_index() { return thread_rank() / warp_size(); }
+GS_HD unsigned lane() { return thread_rank() % warp_size(); }
+GS_HD unsigned warp_index() { return thread_rank() / warp_size(); }
 
-GS_DEV void sync_block() {
+GS_HD void sync_block() {
 #if defined(__CUDA_ARCH__)
   __syncthreads();
 #else
   host::t_thread.block->barrier.arrive_and_wait();
 #endif
 }
-GS_DEV void sync_warp() {
+GS_HD void sync_warp() {
 #if defined(__CUDA_ARCH__)
   __syncwarp();
 #else
@@ -243,7 +239,7 @@ GS_DEV void sync_warp() {
 
 // Orders this thread's earlier writes before its later ones as seen by the
 // proxy (another agent across PCIe on CUDA).
-GS_DEV void fence_system() {
+GS_HD void fence_system() {
 #if defined(__CUDA_ARCH__)
   __threadfence_system();
 #else
@@ -252,7 +248,7 @@ GS_DEV void fence_system() {
 }
 
 // Loads of words the proxy writes: acquire at system scope, never cached stale.
-GS_DEV uint64_t load_acquire(const uint64_t *p) {
+GS_HD uint64_t load_acquire(const uint64_t *p) {
 #if defined(__CUDA_ARCH__)
   uint64_t v;
   asm volatile("ld.acquire.sys.b64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
@@ -261,7 +257,7 @@ GS_DEV uint64_t load_acquire(const uint64_t *p) {
   return __atomic_load_n(p, __ATOMIC_ACQUIRE);
 #endif
 }
-GS_DEV uint32_t load_acquire(const uint32_t *p) {
+GS_HD uint32_t load_acquire(const uint32_t *p) {
 #if defined(__CUDA_ARCH__)
   uint32_t v;
   asm volatile("ld.acquire.sys.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
@@ -270,14 +266,14 @@ GS_DEV uint32_t load_acquire(const uint32_t *p) {
   return __atomic_load_n(p, __ATOMIC_ACQUIRE);
 #endif
 }
-GS_DEV int32_t load_acquire(const int32_t *p) {
+GS_HD int32_t load_acquire(const int32_t *p) {
   return static_cast<int32_t>(load_acquire(reinterpret_cast<const uint32_t *>(p)));
 }
 // Relaxed loads at system scope: never a stale cached copy, but not ordered
 // with each other, so several are in flight across PCIe at once. Acting on what
 // they return needs fence_acquire() first (a relaxed read followed by the
 // fence is an acquire of what was read).
-GS_DEV uint64_t load_relaxed(const uint64_t *p) {
+GS_HD uint64_t load_relaxed(const uint64_t *p) {
 #if defined(__CUDA_ARCH__)
   uint64_t v;
   asm volatile("ld.relaxed.sys.b64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
@@ -286,7 +282,7 @@ GS_DEV uint64_t load_relaxed(const uint64_t *p) {
   return __atomic_load_n(p, __ATOMIC_RELAXED);
 #endif
 }
-GS_DEV uint32_t load_relaxed(const uint32_t *p) {
+GS_HD uint32_t load_relaxed(const uint32_t *p) {
 #if defined(__CUDA_ARCH__)
   uint32_t v;
   asm volatile("ld.relaxed.sys.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
@@ -297,7 +293,7 @@ GS_DEV uint32_t load_relaxed(const uint32_t *p) {
 }
 // Two 8-byte words (16-byte aligned) in one relaxed load; each word is read
 // atomically, the pair is not.
-GS_DEV void load_relaxed_x2(const uint64_t *p, uint64_t *a, uint64_t *b) {
+GS_HD void load_relaxed_x2(const uint64_t *p, uint64_t *a, uint64_t *b) {
 #if defined(__CUDA_ARCH__)
   asm volatile("ld.relaxed.sys.v2.u64 {%0,%1}, [%2];" : "=l"(*a), "=l"(*b) : "l"(p) : "memory");
 #else
@@ -306,7 +302,7 @@ GS_DEV void load_relaxed_x2(const uint64_t *p, uint64_t *a, uint64_t *b) {
 #endif
 }
 // The same with acquire: later loads see what was published before them.
-GS_DEV void load_acquire_x2(const uint64_t *p, uint64_t *a, uint64_t *b) {
+GS_HD void load_acquire_x2(const uint64_t *p, uint64_t *a, uint64_t *b) {
 #if defined(__CUDA_ARCH__)
   asm volatile("ld.acquire.sys.v2.u64 {%0,%1}, [%2];" : "=l"(*a), "=l"(*b) : "l"(p) : "memory");
 #else
@@ -315,7 +311,7 @@ GS_DEV void load_acquire_x2(const uint64_t *p, uint64_t *a, uint64_t *b) {
 #endif
 }
 // Four 4-byte words (16-byte aligned) in one relaxed load.
-GS_DEV void load_relaxed_x4(const uint32_t *p, uint32_t *w) {
+GS_HD void load_relaxed_x4(const uint32_t *p, uint32_t *w) {
 #if defined(__CUDA_ARCH__)
   asm volatile("ld.relaxed.sys.v4.u32 {%0,%1,%2,%3}, [%4];"
                : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
@@ -327,7 +323,7 @@ GS_DEV void load_relaxed_x4(const uint32_t *p, uint32_t *w) {
 }
 // Makes the relaxed loads before it acquires: later loads see at least what
 // was published before the values they returned.
-GS_DEV void fence_acquire() {
+GS_HD void fence_acquire() {
 #if defined(__CUDA_ARCH__)
   asm volatile("fence.acq_rel.sys;" ::: "memory");
 #else
@@ -335,7 +331,7 @@ GS_DEV void fence_acquire() {
 #endif
 }
 
-GS_DEV void store_relaxed(uint64_t *p, uint64_t v) {
+GS_HD void store_relaxed(uint64_t *p, uint64_t v) {
 #if defined(__CUDA_ARCH__)
   asm volatile("st.relaxed.sys.b64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 #else
@@ -345,7 +341,7 @@ GS_DEV void store_relaxed(uint64_t *p, uint64_t v) {
 // A 64-byte line as four 16-byte stores back to back (no fence between them,
 // so the GPU can send them as one write); each 8-byte word is single-copy
 // atomic, the line is not.
-GS_DEV void store_line_relaxed(uint64_t *dst, const uint64_t *src) {
+GS_HD void store_line_relaxed(uint64_t *dst, const uint64_t *src) {
 #if defined(__CUDA_ARCH__)
   for (int i = 0; i < 8; i += 2)
     asm volatile("st.relaxed.sys.v2.u64 [%0], {%1,%2};" ::"l"(dst + i), "l"(src[i]), "l"(src[i + 1]) : "memory");
@@ -355,7 +351,7 @@ GS_DEV void store_line_relaxed(uint64_t *dst, const uint64_t *src) {
 }
 // Orders this thread's earlier writes (and what it saw others write) before
 // its later ones, for every observer.
-GS_DEV void fence_release() {
+GS_HD void fence_release() {
 #if defined(__CUDA_ARCH__)
   asm volatile("fence.acq_rel.sys;" ::: "memory");
 #else
@@ -364,7 +360,7 @@ GS_DEV void fence_release() {
 }
 
 // Publishes a word after this thread's earlier writes.
-GS_DEV void store_release(uint64_t *p, uint64_t v) {
+GS_HD void store_release(uint64_t *p, uint64_t v) {
 #if defined(__CUDA_ARCH__)
   asm volatile("st.release.sys.b64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 #else
@@ -373,21 +369,21 @@ GS_DEV void store_release(uint64_t *p, uint64_t v) {
 }
 
 // Atomics on GPU-private words (device scope: only GPU threads race on them).
-GS_DEV unsigned long long atomic_add(unsigned long long *p, unsigned long long v) {
+GS_HD unsigned long long atomic_add(unsigned long long *p, unsigned long long v) {
 #if defined(__CUDA_ARCH__)
   return atomicAdd(p, v);
 #else
   return __atomic_fetch_add(p, v, __ATOMIC_ACQ_REL);
 #endif
 }
-GS_DEV uint32_t atomic_add(uint32_t *p, uint32_t v) {
+GS_HD uint32_t atomic_add(uint32_t *p, uint32_t v) {
 #if defined(__CUDA_ARCH__)
   return atomicAdd(p, v);
 #else
   return __atomic_fetch_add(p, v, __ATOMIC_ACQ_REL);
 #endif
 }
-GS_DEV void atomic_max(unsigned long long *p, unsigned long long v) {
+GS_HD void atomic_max(unsigned long long *p, unsigned long long v) {
 #if defined(__CUDA_ARCH__)
   atomicMax(p, v);
 #else
@@ -397,7 +393,7 @@ GS_DEV void atomic_max(unsigned long long *p, unsigned long long v) {
 #endif
 }
 // Returns the value found (== expected on success).
-GS_DEV uint32_t atomic_cas(uint32_t *p, uint32_t expected, uint32_t desired) {
+GS_HD uint32_t atomic_cas(uint32_t *p, uint32_t expected, uint32_t desired) {
 #if defined(__CUDA_ARCH__)
   return atomicCAS(p, expected, desired);
 #else
@@ -406,7 +402,7 @@ GS_DEV uint32_t atomic_cas(uint32_t *p, uint32_t expected, uint32_t desired) {
 #endif
 }
 
-GS_DEV uint64_t now_ns() {
+GS_HD uint64_t now_ns() {
 #if defined(__CUDA_ARCH__)
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -426,11 +422,11 @@ struct Backoff {
   // bridge (~1 µs per read, measured: 132 blocks polling one line get 0.9 M
   // reads/s together, their own lines 88 M/s), so short waits never look and
   // long ones look every 16th poll.
-  GS_DEV bool stop_check_due() const { return n >= 48 && (n & 15) == 0; }
+  GS_HD bool stop_check_due() const { return n >= 48 && (n & 15) == 0; }
 #if !defined(__CUDA_ARCH__)
   uint64_t since = 0;
 #endif
-  GS_DEV void pause() {
+  GS_HD void pause() {
 #if defined(__CUDA_ARCH__)
     // Each poll of host memory is a PCIe round trip (~1 µs) already: spin for
     // the first ones (no added latency), then sleep 256 ns .. 2 µs.
@@ -467,14 +463,14 @@ struct Backoff {
 // ======================================================================
 
 struct BlockScope {
-  GS_DEV static unsigned rank() { return prim::thread_rank(); }
-  GS_DEV static unsigned size() { return prim::block_dim(); }
-  GS_DEV static bool leader() { return rank() == 0; }
-  GS_DEV static void sync() { prim::sync_block(); }
+  GS_HD static unsigned rank() { return prim::thread_rank(); }
+  GS_HD static unsigned size() { return prim::block_dim(); }
+  GS_HD static bool leader() { return rank() == 0; }
+  GS_HD static void sync() { prim::sync_block(); }
 
   // rank 0's value of v, in every thread.
   template <class T>
-  GS_DEV static T broadcast(const T &v) {
+  GS_HD static T broadcast(const T &v) {
     static_assert(sizeof(T) <= host::kScratchWords * 8, "broadcast up to 32 bytes");
 #if defined(__CUDA_ARCH__)
     __shared__ unsigned long long scratch[host::kScratchWords];
@@ -490,7 +486,7 @@ struct BlockScope {
   }
 
   // How many threads passed pred == true.
-  GS_DEV static unsigned count(bool pred) {
+  GS_HD static unsigned count(bool pred) {
 #if defined(__CUDA_ARCH__)
     return static_cast<unsigned>(__syncthreads_count(pred));
 #else
@@ -507,13 +503,13 @@ struct BlockScope {
 };
 
 struct WarpScope {
-  GS_DEV static unsigned rank() { return prim::lane(); }
-  GS_DEV static unsigned size() { return prim::warp_size(); }
-  GS_DEV static bool leader() { return rank() == 0; }
-  GS_DEV static void sync() { prim::sync_warp(); }
+  GS_HD static unsigned rank() { return prim::lane(); }
+  GS_HD static unsigned size() { return prim::warp_size(); }
+  GS_HD static bool leader() { return rank() == 0; }
+  GS_HD static void sync() { prim::sync_warp(); }
 
   template <class T>
-  GS_DEV static T broadcast(const T &v) {
+  GS_HD static T broadcast(const T &v) {
     static_assert(sizeof(T) <= host::kScratchWords * 8, "broadcast up to 32 bytes");
 #if defined(__CUDA_ARCH__)
     constexpr unsigned kWords = (sizeof(T) + 3) / 4;
@@ -535,7 +531,7 @@ struct WarpScope {
 #endif
   }
 
-  GS_DEV static unsigned count(bool pred) {
+  GS_HD static unsigned count(bool pred) {
 #if defined(__CUDA_ARCH__)
     return static_cast<unsigned>(__popc(__ballot_sync(0xffffffffu, pred)));
 #else
@@ -562,7 +558,7 @@ using namespace channel;
 // take consecutive 16-byte words (coalesced); on the host each thread takes one
 // contiguous chunk (no false sharing).
 template <class S>
-GS_DEV void group_copy(uint8_t *dst, const uint8_t *src, size_t n, bool src_is_ring) {
+GS_HD void group_copy(uint8_t *dst, const uint8_t *src, size_t n, bool src_is_ring) {
   const unsigned r = S::rank(), k = S::size();
 #if defined(__CUDA_ARCH__)
   size_t head = 0;
@@ -610,9 +606,9 @@ GS_DEV void group_copy(uint8_t *dst, const uint8_t *src, size_t n, bool src_is_r
 #endif
 }
 
-GS_DEV bool valid_slot(const DeviceContext &c, int s) { return s >= 0 && static_cast<uint32_t>(s) < c.max_sockets; }
+GS_HD bool valid_slot(const DeviceContext &c, int s) { return s >= 0 && static_cast<uint32_t>(s) < c.max_sockets; }
 
-GS_DEV bool stop_requested(const DeviceContext &c) { return prim::load_acquire(&c.shared->stop) != 0; }
+GS_HD bool stop_requested(const DeviceContext &c) { return prim::load_acquire(&c.shared->stop) != 0; }
 
 // One poll of a socket's status line: two 16-byte relaxed loads and one
 // 16-byte acquire load of the counters, in flight together (one PCIe round
@@ -627,7 +623,7 @@ struct StatusView {
   uint32_t buffer;
 };
 
-GS_DEV StatusView read_status(const DeviceContext &c, const SocketStatus *st) {
+GS_HD StatusView read_status(const DeviceContext &c, const SocketStatus *st) {
   (void)c;
   StatusView v;
   uint32_t a[4], b[4];
@@ -644,17 +640,17 @@ GS_DEV StatusView read_status(const DeviceContext &c, const SocketStatus *st) {
   return v;
 }
 // Counters again, after a fence_acquire() that followed the read of the state.
-GS_DEV void reread_counters(const SocketStatus *st, StatusView *v) {
+GS_HD void reread_counters(const SocketStatus *st, StatusView *v) {
   prim::load_relaxed_x2(&st->recv_write, &v->recv_write, &v->send_done);
 }
 
-GS_DEV uint64_t deadline_after(int timeout_ms) {
+GS_HD uint64_t deadline_after(int timeout_ms) {
   return timeout_ms < 0 ? ~uint64_t(0) : prim::now_ns() + static_cast<uint64_t>(timeout_ms) * 1000000ull;
 }
 
 // Leader only. Takes a ticket, waits for room on the ring (back-pressure: the
 // proxy has not consumed `entries` requests ago), writes the entry, publishes seq.
-GS_DEV int push_request(const DeviceContext &c, const Request &r, bool release = false) {
+GS_HD int push_request(const DeviceContext &c, const Request &r, bool release = false) {
   const unsigned long long ticket = prim::atomic_add(c.ticket, 1ull);
   // Room on the ring: first against the highest `consumed` any producer saw
   // (GPU memory, cheap), and only when that is not enough across PCIe.
@@ -686,7 +682,7 @@ GS_DEV int push_request(const DeviceContext &c, const Request &r, bool release =
   return 0;
 }
 
-GS_DEV bool ring_has_room(const DeviceContext &c) {
+GS_HD bool ring_has_room(const DeviceContext &c) {
   const unsigned long long issued_now = *reinterpret_cast<volatile unsigned long long *>(c.ticket);
   if (c.consumed_seen && issued_now - *reinterpret_cast<volatile unsigned long long *>(c.consumed_seen) <= c.request_mask)
     return true;
@@ -694,7 +690,7 @@ GS_DEV bool ring_has_room(const DeviceContext &c) {
   return issued - prim::load_acquire(&c.shared->consumed) <= c.request_mask;
 }
 
-GS_DEV Request make_request(const DeviceContext &c, int s, uint32_t op) {
+GS_HD Request make_request(const DeviceContext &c, int s, uint32_t op) {
   Request r{};
   const DeviceSocket &d = c.sockets[s];
   r.op = op;
@@ -706,7 +702,7 @@ GS_DEV Request make_request(const DeviceContext &c, int s, uint32_t op) {
 }
 
 // Leader only: a request the proxy answers at once, then its result.
-GS_DEV int control(const DeviceContext &c, int s, const Request &request) {
+GS_HD int control(const DeviceContext &c, int s, const Request &request) {
   Request r = request;
   DeviceSocket &d = c.sockets[s];
   r.ctrl_seq = ++d.ctrl_seq;
@@ -725,7 +721,7 @@ GS_DEV int control(const DeviceContext &c, int s, const Request &request) {
 
 // Leader only: claims a free slot. A slot is free when the GPU has claimed it
 // as often as the proxy has released it.
-GS_DEV int claim_slot(const DeviceContext &c, bool nonblocking) {
+GS_HD int claim_slot(const DeviceContext &c, bool nonblocking) {
   const uint32_t start = prim::atomic_add(c.claim_cursor, 1u);
   for (uint32_t i = 0; i < c.max_sockets; ++i) {
     const uint32_t slot = (start + i) % c.max_sockets;
@@ -744,7 +740,7 @@ GS_DEV int claim_slot(const DeviceContext &c, bool nonblocking) {
   return -EMFILE;
 }
 
-GS_DEV int open_socket(const DeviceContext &c, int s) {
+GS_HD int open_socket(const DeviceContext &c, int s) {
   if (!valid_slot(c, s) || !(c.sockets[s].flags & kDevOpen)) return -EBADF;
   return 0;
 }
@@ -757,7 +753,7 @@ struct Plan {
 };
 
 template <class S>
-GS_DEV int socket(const DeviceContext &c, int domain, int type) {
+GS_HD int socket(const DeviceContext &c, int domain, int type) {
   int rc = 0;
   if (S::leader()) {
     if (domain != AF_INET && domain != AF_INET6) rc = -EAFNOSUPPORT;
@@ -768,7 +764,7 @@ GS_DEV int socket(const DeviceContext &c, int domain, int type) {
 }
 
 template <class S>
-GS_DEV int bind(const DeviceContext &c, int s, const sockaddr *addr, socklen_t len) {
+GS_HD int bind(const DeviceContext &c, int s, const sockaddr *addr, socklen_t len) {
   int rc = 0;
   if (S::leader()) {
     rc = open_socket(c, s);
@@ -784,7 +780,7 @@ GS_DEV int bind(const DeviceContext &c, int s, const sockaddr *addr, socklen_t l
 }
 
 template <class S>
-GS_DEV int listen(const DeviceContext &c, int s, int backlog) {
+GS_HD int listen(const DeviceContext &c, int s, int backlog) {
   int rc = 0;
   if (S::leader()) {
     rc = open_socket(c, s);
@@ -798,7 +794,7 @@ GS_DEV int listen(const DeviceContext &c, int s, int backlog) {
 }
 
 // Leader: waits for the connect started earlier on s.
-GS_DEV int wait_connected(const DeviceContext &c, int s, uint64_t deadline, bool nonblocking) {
+GS_HD int wait_connected(const DeviceContext &c, int s, uint64_t deadline, bool nonblocking) {
   DeviceSocket &d = c.sockets[s];
   const SocketStatus *st = c.status + s;
   prim::Backoff backoff;
@@ -823,7 +819,7 @@ GS_DEV int wait_connected(const DeviceContext &c, int s, uint64_t deadline, bool
 }
 
 template <class S>
-GS_DEV int connect(const DeviceContext &c, int s, const sockaddr *addr, socklen_t len, int timeout_ms) {
+GS_HD int connect(const DeviceContext &c, int s, const sockaddr *addr, socklen_t len, int timeout_ms) {
   int rc = 0;
   if (S::leader()) {
     rc = open_socket(c, s);
@@ -852,7 +848,7 @@ GS_DEV int connect(const DeviceContext &c, int s, const sockaddr *addr, socklen_
 }
 
 template <class S>
-GS_DEV int accept(const DeviceContext &c, int listener, int flags, int timeout_ms) {
+GS_HD int accept(const DeviceContext &c, int listener, int flags, int timeout_ms) {
   int rc = 0;
   if (S::leader()) {
     rc = open_socket(c, listener);
@@ -905,7 +901,7 @@ GS_DEV int accept(const DeviceContext &c, int listener, int flags, int timeout_m
 }
 
 // Leader: how much may be read now, or the result if nothing can be.
-GS_DEV Plan recv_plan(const DeviceContext &c, int s, size_t want, bool dontwait, uint64_t deadline) {
+GS_HD Plan recv_plan(const DeviceContext &c, int s, size_t want, bool dontwait, uint64_t deadline) {
   Plan p{0, 0, 0};
   if (int rc = open_socket(c, s); rc < 0) {
     p.n = rc;
@@ -953,7 +949,7 @@ GS_DEV Plan recv_plan(const DeviceContext &c, int s, size_t want, bool dontwait,
 }
 
 template <class S>
-GS_DEV ssize_t recv(const DeviceContext &c, int s, void *buf, size_t len, int flags, int timeout_ms) {
+GS_HD ssize_t recv(const DeviceContext &c, int s, void *buf, size_t len, int flags, int timeout_ms) {
   const bool waitall = (flags & MSG_WAITALL) != 0;
   const uint64_t deadline = S::leader() ? deadline_after(timeout_ms) : 0;  // only the leader waits
   const bool dontwait = (flags & MSG_DONTWAIT) || (valid_slot(c, s) && (c.sockets[s].flags & kDevNonblocking));
@@ -982,7 +978,7 @@ GS_DEV ssize_t recv(const DeviceContext &c, int s, void *buf, size_t len, int fl
 }
 
 // Leader: where the next bytes may go into the send ring, or the result.
-GS_DEV Plan send_plan(const DeviceContext &c, int s, size_t want, bool dontwait, uint64_t deadline) {
+GS_HD Plan send_plan(const DeviceContext &c, int s, size_t want, bool dontwait, uint64_t deadline) {
   Plan p{0, 0, 0};
   if (int rc = open_socket(c, s); rc < 0) {
     p.n = rc;
@@ -1052,7 +1048,7 @@ GS_DEV Plan send_plan(const DeviceContext &c, int s, size_t want, bool dontwait,
 }
 
 template <class S>
-GS_DEV ssize_t send(const DeviceContext &c, int s, const void *buf, size_t len, int flags, int timeout_ms) {
+GS_HD ssize_t send(const DeviceContext &c, int s, const void *buf, size_t len, int flags, int timeout_ms) {
   const uint64_t deadline = S::leader() ? deadline_after(timeout_ms) : 0;  // only the leader waits
   const bool dontwait = (flags & MSG_DONTWAIT) || (valid_slot(c, s) && (c.sockets[s].flags & kDevNonblocking));
   size_t done = 0;
@@ -1079,7 +1075,7 @@ GS_DEV ssize_t send(const DeviceContext &c, int s, const void *buf, size_t len, 
 }
 
 template <class S>
-GS_DEV int shutdown(const DeviceContext &c, int s, int how) {
+GS_HD int shutdown(const DeviceContext &c, int s, int how) {
   int rc = 0;
   if (S::leader()) {
     rc = open_socket(c, s);
@@ -1098,7 +1094,7 @@ GS_DEV int shutdown(const DeviceContext &c, int s, int how) {
 }
 
 template <class S>
-GS_DEV int close(const DeviceContext &c, int s) {
+GS_HD int close(const DeviceContext &c, int s) {
   int rc = 0;
   if (S::leader()) {
     rc = open_socket(c, s);
@@ -1111,7 +1107,7 @@ GS_DEV int close(const DeviceContext &c, int s) {
 }
 
 // poll(2) events of one socket now (any thread).
-GS_DEV short ready_events(const DeviceContext &c, const gpollfd &f) {
+GS_HD short ready_events(const DeviceContext &c, const gpollfd &f) {
   if (f.fd < 0) return 0;
   if (!valid_slot(c, f.fd) || !(c.sockets[f.fd].flags & kDevOpen)) return POLLNVAL;
   const DeviceSocket &d = c.sockets[f.fd];
@@ -1136,7 +1132,7 @@ GS_DEV short ready_events(const DeviceContext &c, const gpollfd &f) {
 }
 
 template <class S>
-GS_DEV int poll(const DeviceContext &c, gpollfd *fds, int nfds, int timeout_ms) {
+GS_HD int poll(const DeviceContext &c, gpollfd *fds, int nfds, int timeout_ms) {
   if (nfds < 0) return -EINVAL;
   uint64_t deadline = 0;
   if (S::leader()) deadline = deadline_after(timeout_ms);
@@ -1169,7 +1165,7 @@ GS_DEV int poll(const DeviceContext &c, gpollfd *fds, int nfds, int timeout_ms) 
 }
 
 template <class S>
-GS_DEV bool should_stop(const DeviceContext &c) {
+GS_HD bool should_stop(const DeviceContext &c) {
   bool stop = false;
   if (S::leader()) stop = stop_requested(c);
   return S::broadcast(stop);
@@ -1177,7 +1173,7 @@ GS_DEV bool should_stop(const DeviceContext &c) {
 
 // A request the proxy answers at once: one doorbell round trip.
 template <class S>
-GS_DEV int nop(const DeviceContext &c, int s) {
+GS_HD int nop(const DeviceContext &c, int s) {
   int rc = 0;
   if (S::leader()) {
     rc = open_socket(c, s);
@@ -1191,73 +1187,73 @@ GS_DEV int nop(const DeviceContext &c, int s) {
 // ---------------------------------------------------------------- block calls
 // Every thread of the block calls with the same arguments; all get the result.
 
-GS_DEV int gsocket(const DeviceContext &c, int domain, int type, int protocol = 0) {
+GS_HD int gsocket(const DeviceContext &c, int domain, int type, int protocol = 0) {
   (void)protocol;
   return detail::socket<BlockScope>(c, domain, type);
 }
-GS_DEV int gbind(const DeviceContext &c, int s, const sockaddr *addr, socklen_t len) {
+GS_HD int gbind(const DeviceContext &c, int s, const sockaddr *addr, socklen_t len) {
   return detail::bind<BlockScope>(c, s, addr, len);
 }
-GS_DEV int glisten(const DeviceContext &c, int s, int backlog) { return detail::listen<BlockScope>(c, s, backlog); }
+GS_HD int glisten(const DeviceContext &c, int s, int backlog) { return detail::listen<BlockScope>(c, s, backlog); }
 // flags: SOCK_NONBLOCK for the new socket. The listener's own mode decides
 // whether gaccept waits.
-GS_DEV int gaccept(const DeviceContext &c, int s, int flags = 0, int timeout_ms = -1) {
+GS_HD int gaccept(const DeviceContext &c, int s, int flags = 0, int timeout_ms = -1) {
   return detail::accept<BlockScope>(c, s, flags, timeout_ms);
 }
-GS_DEV int gconnect(const DeviceContext &c, int s, const sockaddr *addr, socklen_t len, int timeout_ms = -1) {
+GS_HD int gconnect(const DeviceContext &c, int s, const sockaddr *addr, socklen_t len, int timeout_ms = -1) {
   return detail::connect<BlockScope>(c, s, addr, len, timeout_ms);
 }
 // Blocking: returns once all len bytes are in the send ring. MSG_DONTWAIT:
 // what fits now, or -EAGAIN.
-GS_DEV ssize_t gsend(const DeviceContext &c, int s, const void *buf, size_t len, int flags = 0,
+GS_HD ssize_t gsend(const DeviceContext &c, int s, const void *buf, size_t len, int flags = 0,
                      int timeout_ms = -1) {
   return detail::send<BlockScope>(c, s, buf, len, flags, timeout_ms);
 }
 // What is available (at least 1 byte), 0 at EOF; MSG_WAITALL: all len bytes.
-GS_DEV ssize_t grecv(const DeviceContext &c, int s, void *buf, size_t len, int flags = 0, int timeout_ms = -1) {
+GS_HD ssize_t grecv(const DeviceContext &c, int s, void *buf, size_t len, int flags = 0, int timeout_ms = -1) {
   return detail::recv<BlockScope>(c, s, buf, len, flags, timeout_ms);
 }
-GS_DEV int gshutdown(const DeviceContext &c, int s, int how) { return detail::shutdown<BlockScope>(c, s, how); }
-GS_DEV int gclose(const DeviceContext &c, int s) { return detail::close<BlockScope>(c, s); }
+GS_HD int gshutdown(const DeviceContext &c, int s, int how) { return detail::shutdown<BlockScope>(c, s, how); }
+GS_HD int gclose(const DeviceContext &c, int s) { return detail::close<BlockScope>(c, s); }
 // Threads of the block share the fds; returns how many have revents, 0 on timeout.
-GS_DEV int gpoll(const DeviceContext &c, gpollfd *fds, int nfds, int timeout_ms) {
+GS_HD int gpoll(const DeviceContext &c, gpollfd *fds, int nfds, int timeout_ms) {
   return detail::poll<BlockScope>(c, fds, nfds, timeout_ms);
 }
-GS_DEV bool gshould_stop(const DeviceContext &c) { return detail::should_stop<BlockScope>(c); }
-GS_DEV int gnop(const DeviceContext &c, int s) { return detail::nop<BlockScope>(c, s); }
+GS_HD bool gshould_stop(const DeviceContext &c) { return detail::should_stop<BlockScope>(c); }
+GS_HD int gnop(const DeviceContext &c, int s) { return detail::nop<BlockScope>(c, s); }
 
 // ---------------------------------------------------------------- warp calls
 // Every lane of one warp calls with the same arguments.
 
-GS_DEV int gsocket_warp(const DeviceContext &c, int domain, int type, int protocol = 0) {
+GS_HD int gsocket_warp(const DeviceContext &c, int domain, int type, int protocol = 0) {
   (void)protocol;
   return detail::socket<WarpScope>(c, domain, type);
 }
-GS_DEV int gbind_warp(const DeviceContext &c, int s, const sockaddr *addr, socklen_t len) {
+GS_HD int gbind_warp(const DeviceContext &c, int s, const sockaddr *addr, socklen_t len) {
   return detail::bind<WarpScope>(c, s, addr, len);
 }
-GS_DEV int glisten_warp(const DeviceContext &c, int s, int backlog) { return detail::listen<WarpScope>(c, s, backlog); }
-GS_DEV int gaccept_warp(const DeviceContext &c, int s, int flags = 0, int timeout_ms = -1) {
+GS_HD int glisten_warp(const DeviceContext &c, int s, int backlog) { return detail::listen<WarpScope>(c, s, backlog); }
+GS_HD int gaccept_warp(const DeviceContext &c, int s, int flags = 0, int timeout_ms = -1) {
   return detail::accept<WarpScope>(c, s, flags, timeout_ms);
 }
-GS_DEV int gconnect_warp(const DeviceContext &c, int s, const sockaddr *addr, socklen_t len, int timeout_ms = -1) {
+GS_HD int gconnect_warp(const DeviceContext &c, int s, const sockaddr *addr, socklen_t len, int timeout_ms = -1) {
   return detail::connect<WarpScope>(c, s, addr, len, timeout_ms);
 }
-GS_DEV ssize_t gsend_warp(const DeviceContext &c, int s, const void *buf, size_t len, int flags = 0,
+GS_HD ssize_t gsend_warp(const DeviceContext &c, int s, const void *buf, size_t len, int flags = 0,
                           int timeout_ms = -1) {
   return detail::send<WarpScope>(c, s, buf, len, flags, timeout_ms);
 }
-GS_DEV ssize_t grecv_warp(const DeviceContext &c, int s, void *buf, size_t len, int flags = 0,
+GS_HD ssize_t grecv_warp(const DeviceContext &c, int s, void *buf, size_t len, int flags = 0,
                           int timeout_ms = -1) {
   return detail::recv<WarpScope>(c, s, buf, len, flags, timeout_ms);
 }
-GS_DEV int gshutdown_warp(const DeviceContext &c, int s, int how) { return detail::shutdown<WarpScope>(c, s, how); }
-GS_DEV int gclose_warp(const DeviceContext &c, int s) { return detail::close<WarpScope>(c, s); }
-GS_DEV int gpoll_warp(const DeviceContext &c, gpollfd *fds, int nfds, int timeout_ms) {
+GS_HD int gshutdown_warp(const DeviceContext &c, int s, int how) { return detail::shutdown<WarpScope>(c, s, how); }
+GS_HD int gclose_warp(const DeviceContext &c, int s) { return detail::close<WarpScope>(c, s); }
+GS_HD int gpoll_warp(const DeviceContext &c, gpollfd *fds, int nfds, int timeout_ms) {
   return detail::poll<WarpScope>(c, fds, nfds, timeout_ms);
 }
-GS_DEV bool gshould_stop_warp(const DeviceContext &c) { return detail::should_stop<WarpScope>(c); }
-GS_DEV int gnop_warp(const DeviceContext &c, int s) { return detail::nop<WarpScope>(c, s); }
+GS_HD bool gshould_stop_warp(const DeviceContext &c) { return detail::should_stop<WarpScope>(c); }
+GS_HD int gnop_warp(const DeviceContext &c, int s) { return detail::nop<WarpScope>(c, s); }
 
 // ---------------------------------------------------------------- helpers
 
@@ -1275,7 +1271,7 @@ using prim::warp_index;
 using prim::warp_size;
 
 // Sleeps about ns nanoseconds (the GPU caps one __nanosleep at ~1 ms).
-GS_DEV void pause_ns(uint32_t ns) {
+GS_HD void pause_ns(uint32_t ns) {
 #if defined(__CUDA_ARCH__)
   __nanosleep(ns);
 #else
@@ -1289,7 +1285,7 @@ GS_DEV void pause_ns(uint32_t ns) {
 }
 
 // An IPv4 address for gbind/gconnect, built without htons (not a device function).
-GS_DEV sockaddr_in ipv4_address(uint8_t a, uint8_t b, uint8_t c, uint8_t d, uint16_t port) {
+GS_HD sockaddr_in ipv4_address(uint8_t a, uint8_t b, uint8_t c, uint8_t d, uint16_t port) {
   sockaddr_in s{};
   s.sin_family = AF_INET;
   uint8_t *p = reinterpret_cast<uint8_t *>(&s.sin_port);
@@ -1340,7 +1336,7 @@ __global__ void gpusock_kernel_entry(F kernel) {
 #endif
 
 // A running grid. The functor is copied by value (as a kernel parameter) and
-// needs a GS_DEV operator()() const.
+// needs a GS_HD operator()() const.
 class Grid {
  public:
   Grid() = default;

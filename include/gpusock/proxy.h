@@ -18,6 +18,7 @@
 #ifndef GPUSOCK_PROXY_H
 #define GPUSOCK_PROXY_H
 
+#include <gpusock/hd.h>
 #include <gpusock/status.h>
 
 #include <stddef.h>
@@ -45,11 +46,6 @@ enum Op : uint32_t {
 
 inline constexpr uint32_t kMaxAddrLen = 28;  // sizeof(sockaddr_in6)
 
-#if defined(__CUDACC__)
-#define GPUSOCK_HD __host__ __device__
-#else
-#define GPUSOCK_HD
-#endif
 
 // One request, written by one GPU thread (a block's or a warp's leader). The
 // first cache line holds everything but the address, with seq = ticket + 1 and
@@ -80,7 +76,7 @@ static_assert(offsetof(Request, check) == 56 && offsetof(Request, addr) == 64, "
 
 // The hash of a request: words 0..6 of the first line, and with an address
 // the first 4 words of the second line (the address) as well.
-GPUSOCK_HD inline uint64_t request_check(const uint64_t *words, bool with_addr) {
+GS_HD uint64_t request_check(const uint64_t *words, bool with_addr) {
   uint64_t h = 0x6A09E667F3BCC909ull;
   const int n = with_addr ? 12 : 7;
   for (int i = 0; i < n; ++i) {

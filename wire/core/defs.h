@@ -7,11 +7,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#if defined(__CUDACC__)
-#define GS_HD __host__ __device__ inline
-#else
-#define GS_HD inline
-#endif
+#include <gpusock/hd.h>
 
 namespace gpusock::wire {
 
