@@ -1,15 +1,9 @@
-// One GPU socket's connection inside the proxy: the protocol core (wire/core)
-// bound to a transport endpoint, with the receive and send rings the GPU owns.
-//
-// This is StreamSocket's driving loop (poll CM events and completions into the
-// core, drain its actions into the transport) with two differences: the rings
-// are GPU-visible memory handed in by the proxy, and the application's side of
-// the core (send_commit / recv_consume) is fed from the GPU's published ring
-// positions instead of from send()/recv() calls.
+// One GPU socket's connection inside the proxy: a wire::ConnectionDriver over
+// rings the GPU owns, fed from the GPU's published ring positions instead of
+// from send()/recv() calls, and read back as what the GPU polls.
 #pragma once
 
-#include "wire/core/stream.h"
-#include "wire/transport.h"
+#include "wire/connection_driver.h"
 
 #include <gpusock/proxy.h>
 
@@ -17,11 +11,11 @@
 
 #include <chrono>
 #include <cstdint>
-#include <memory>
 
 namespace gpusock::proxy {
 
 using Clock = std::chrono::steady_clock;
+using wire::DriverState;
 
 // A receive ring and a send ring of one connection, out of the proxy's pools.
 struct BufferSet {
@@ -31,8 +25,6 @@ struct BufferSet {
   uint32_t rbuf_size = 0;
   uint32_t sbuf_size = 0;
 };
-
-enum class ConnRole : uint8_t { kNew, kConnecting, kAccepting, kConnected, kFailed };
 
 // What the GPU sees of a connection (channel::SocketStatus fields).
 struct ConnSnapshot {
@@ -45,54 +37,39 @@ struct ConnSnapshot {
 
 class Connection {
  public:
-  Connection(wire::Domain *domain, const BufferSet &buffers);
-  ~Connection();
+  Connection(wire::Domain *domain, const BufferSet &buffers)
+      : buffers_(buffers), driver_(domain, &Connection::on_driver_error, this) {}
   Connection(const Connection &) = delete;
   Connection &operator=(const Connection &) = delete;
 
   // Active side: registers the rings, creates the endpoint, starts connecting.
-  int connect(const sockaddr *addr, socklen_t len);
+  int connect(const sockaddr *addr, socklen_t len) { return driver_.connect(addr, len, config()); }
   // Passive side: the same for a request a listener took (peer record decoded).
-  int accept(wire::ConnectionRequest *request, const wire::ConnRecord &peer);
+  int accept(wire::ConnectionRequest *request, const wire::ConnRecord &peer) {
+    return driver_.accept(request, peer, config());
+  }
 
   // One progress pass; true if anything happened.
-  bool progress();
+  bool progress() { return driver_.progress(); }
   // The GPU's ring positions (absolute, monotonic; stale values are ignored).
   void apply_gpu_positions(uint64_t send_tail, uint64_t recv_read);
-  int shutdown(int how);
-  void begin_close(Clock::time_point deadline);
+  int shutdown(int how) { return driver_.shutdown(how); }
+  void begin_close(Clock::time_point deadline) { driver_.begin_close(deadline); }
   // Drops the connection without the in-band DISCONNECT: the peer sees a reset.
-  void abort();
+  void abort() { driver_.abort(); }
   // Flushed and disconnected (or out of time): it may be destroyed.
-  bool close_finished();
+  bool close_finished() { return driver_.close_finished(); }
 
   ConnSnapshot snapshot() const;
-  ConnRole role() const { return role_; }
+  DriverState state() const { return driver_.state(); }
   const BufferSet &buffers() const { return buffers_; }
 
  private:
-  int setup(wire::ConnectionRequest *request);
-  bool poll_cm();
-  bool poll_completions();
-  bool drain_actions();
-  void transport_gone(int status);
+  wire::DriverConfig config() const;
+  static void on_driver_error(void *self, int err, const char *why);
 
-  wire::Domain *domain_;
   BufferSet buffers_;
-  ConnRole role_ = ConnRole::kNew;
-  int error_ = 0;  // connect failure (negated errno)
-  bool transport_established_ = false;
-  bool closing_ = false;
-  bool aborted_ = false;
-  Clock::time_point close_deadline_{};
-
-  std::unique_ptr<wire::Endpoint> endpoint_;
-  wire::Stream core_;
-  uint8_t record_[wire::kConnRecordSize] = {};
-  uint8_t *meta_ = nullptr;  // target table + control staging (proxy-private host memory)
-  wire::MemoryRegion sbuf_mr_{}, rbuf_mr_{}, meta_mr_{};
-  uint32_t ctrl_stage_next_ = 0;
-
+  wire::ConnectionDriver driver_;
   // The GPU's positions as applied to the core.
   uint64_t send_committed_ = 0;
   uint64_t recv_reported_ = 0;

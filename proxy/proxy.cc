@@ -1,39 +1,19 @@
 // The proxy: one CPU thread per GPU that takes the GPU's requests off the
 // request ring, owns the transport side of every GPU socket (listeners and
-// connections, each driving a wire::Stream), and publishes what the GPU polls.
-#include "proxy/connection.h"
-#include "proxy/hmem_probe.h"
+// connections, each driving a wire::ConnectionDriver), and publishes what the
+// GPU polls. This file: start, stop, the loop, a kernel's exit, the facade.
+#include "proxy/proxy_impl.h"
 
-#include <gpusock/proxy.h>
-
-#include <netinet/in.h>
 #include <time.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
-#include <mutex>
-#include <string>
-#include <thread>
-#include <vector>
 
 namespace gpusock {
 
-using namespace gpusock::channel;
-using proxy::BufferSet;
-using proxy::Clock;
-using proxy::ConnRole;
-using proxy::Connection;
-
 namespace {
-
-template <class T>
-void publish(T *field, T value) {
-  __atomic_store_n(field, value, __ATOMIC_RELEASE);
-}
 
 uint32_t round_up_pow2(uint32_t v) {
   uint32_t p = 1;
@@ -62,89 +42,6 @@ class HostMemoryResource final : public MemoryResource {
 }  // namespace
 
 std::unique_ptr<MemoryResource> host_memory_resource() { return std::make_unique<HostMemoryResource>(); }
-
-// A listening GPU socket: handshakes in flight and established connections
-// waiting for gaccept. Both hold buffer sets, so the peer can send at once.
-struct ListenerState {
-  std::unique_ptr<wire::Listener> listener;
-  int backlog = 1;
-  std::vector<std::unique_ptr<Connection>> accepting;
-  std::deque<std::unique_ptr<Connection>> queue;
-};
-
-struct Slot {
-  uint32_t gen = 0;        // the socket generation adopted (== releases when free)
-  bool in_use = false;
-  bool in_active = false;  // listed in Impl::active_
-  sockaddr_storage addr{};
-  socklen_t addr_len = 0;
-  std::unique_ptr<ListenerState> listener;
-  std::unique_ptr<Connection> conn;
-};
-
-class Proxy::Impl {
- public:
-  ~Impl() { stop(); }
-  int start(const ProxyOptions &options, MemoryResource *memory);
-  void stop();
-  void request_kernel_stop() { publish(&shared_->stop, 1u); }
-
-  DeviceContext ctx_{};
-  std::string placement_;
-  std::atomic<uint64_t> stat_requests_{0}, stat_connections_{0}, stat_full_laps_{0}, stat_no_buffer_{0};
-  std::atomic<uint64_t> stat_orphans_{0}, stat_passes_{0};
-  int kernel_exited(int grid_status);
-
- private:
-  struct Shadow {
-    uint64_t recv_write = 0, send_done = 0;
-    uint32_t state = 0, buffer = 0, accept_queued = 0;
-    int32_t error = 0, send_error = 0;
-  };
-
-  void loop();
-  bool drain_requests();
-  void handle(const Request &r);
-  void complete(uint32_t slot, const Request &r, int result);
-  bool progress_active();
-  bool progress_listener(uint32_t index, Slot &slot);
-  bool progress_closing();
-  void publish_slot(uint32_t index);
-  void release_slot(uint32_t index, bool abort = false);
-  void close_orphans();
-  void activate(uint32_t index);
-  int take_buffer_set(BufferSet *out);
-  void return_buffer_set(const BufferSet &set);
-  void retire(std::unique_ptr<Connection> conn);
-  void close_everything();
-
-  ProxyOptions options_;
-  MemoryResource *memory_ = nullptr;
-  std::unique_ptr<wire::Domain> domain_;
-  MemoryBlock requests_mem_{}, status_mem_{}, private_mem_{}, rbuf_mem_{}, sbuf_mem_{};
-  Request *requests_ = nullptr;  // host view
-  ProxyShared *shared_ = nullptr;
-  SocketStatus *status_ = nullptr;
-  uint8_t *rbuf_reg_ = nullptr;  // what the transport registers
-  uint8_t *sbuf_reg_ = nullptr;
-  uint64_t head_ = 0;  // next ticket expected
-  std::vector<Slot> slots_;
-  std::vector<Shadow> shadows_;
-  std::vector<uint32_t> active_;  // slots with a listener or a connection
-  std::vector<uint32_t> free_buffers_;
-  std::vector<std::unique_ptr<Connection>> closing_;
-  std::thread thread_;
-  std::atomic<bool> stopping_{false};
-  bool started_ = false;
-  Clock::duration listener_every_{};
-  Clock::time_point next_listener_poll_{};
-  bool poll_listeners_ = true;  // this pass
-  // kernel_exited(): the caller posts a request, the proxy thread answers it.
-  std::mutex orphan_call_;
-  std::atomic<uint64_t> orphan_asked_{0}, orphan_answered_{0};
-  std::atomic<bool> orphan_abort_{false};
-  std::atomic<int> orphan_result_{0};
-};
 
 int Proxy::Impl::start(const ProxyOptions &options_in, MemoryResource *memory) {
   options_ = options_in;
@@ -175,9 +72,7 @@ int Proxy::Impl::start(const ProxyOptions &options_in, MemoryResource *memory) {
   // GPU buffer); even where that works, wire::Domain::register_memory takes
   // host pointers only today, so the rings stay in pinned host memory.
   const bool device_rings = false;
-  const proxy::HmemProbe probe = proxy::probe_device_memory(domain_->caps().name, memory_);
-  std::string why = probe.reason;
-  if (probe.transport_can) why += "; wire::Domain::register_memory takes host pointers only";
+  std::string why = probe_device_memory();
   const MemoryKind ring_kind = device_rings ? MemoryKind::kDevice : MemoryKind::kHostMapped;
 
   rc = memory_->allocate(MemoryKind::kHostMapped, size_t(entries) * sizeof(Request), &requests_mem_);
@@ -236,6 +131,20 @@ int Proxy::Impl::start(const ProxyOptions &options_in, MemoryResource *memory) {
   started_ = true;
   thread_ = std::thread([this] { loop(); });
   return 0;
+}
+
+// Where the rings could live: can the transport register GPU memory? A real
+// registration of a GPU buffer answers (wire::Domain::device_memory_support).
+std::string Proxy::Impl::probe_device_memory() {
+  if (!memory_->has_device_memory()) return "host backend, no GPU memory";
+  MemoryBlock block{};
+  const bool have = memory_->allocate(MemoryKind::kDevice, 1u << 16, &block) == 0;
+  wire::DeviceMemorySupport answer =
+      domain_->device_memory_support(have ? block.device : nullptr, have ? block.size : 0, /*cuda_device=*/0);
+  if (have) memory_->release(&block);
+  // Even where it can, Domain::register_memory takes host pointers only today.
+  if (answer.registers) answer.why += "; wire::Domain::register_memory takes host pointers only";
+  return answer.why;
 }
 
 void Proxy::Impl::stop() {
@@ -342,350 +251,6 @@ int Proxy::Impl::kernel_exited(int grid_status) {
     std::this_thread::sleep_for(std::chrono::microseconds(20));
   }
   return orphan_result_.load(std::memory_order_relaxed);
-}
-
-// ---------------------------------------------------------------- requests
-
-bool Proxy::Impl::drain_requests() {
-  const uint32_t mask = ctx_.request_mask;
-  // The ring is full when even the last entry of this lap is published:
-  // producers are waiting for room (back-pressure on the GPU).
-  const Request *last = requests_ + ((head_ + mask) & mask);
-  if (__atomic_load_n(&last->seq, __ATOMIC_ACQUIRE) == head_ + mask + 1)
-    stat_full_laps_.fetch_add(1, std::memory_order_relaxed);
-  uint64_t taken = 0;
-  for (;;) {
-    Request *e = requests_ + (head_ & mask);
-    if (__atomic_load_n(&e->seq, __ATOMIC_ACQUIRE) != head_ + 1) break;
-    Request r;
-    std::memcpy(static_cast<void *>(&r), e, 64);
-    if (r.addr_len > 0)  // words 8..11, as hashed (the address and the padding after it)
-      std::memcpy(reinterpret_cast<uint64_t *>(&r) + 8, reinterpret_cast<const uint64_t *>(e) + 8, 32);
-    // The request may still be arriving piece by piece: take it only whole.
-    if (r.seq != head_ + 1 || request_check(reinterpret_cast<const uint64_t *>(&r), r.addr_len > 0) != r.check)
-      break;
-    std::atomic_thread_fence(std::memory_order_acquire);
-    ++head_;
-    ++taken;
-    handle(r);
-    if (taken == mask + 1) break;  // one lap at a time: the network moves in between
-  }
-  if (taken == 0) return false;
-  stat_requests_.fetch_add(taken, std::memory_order_relaxed);
-  publish(&shared_->consumed, head_);
-  return true;
-}
-
-// ctrl_done and ctrl_result share one aligned 8-byte word: one store, so the GPU
-// reads both with one load and needs no fence between them.
-void Proxy::Impl::complete(uint32_t slot, const Request &r, int result) {
-  const uint64_t word = uint64_t(r.ctrl_seq) | (uint64_t(static_cast<uint32_t>(result)) << 32);
-  publish(reinterpret_cast<uint64_t *>(&status_[slot].ctrl_done), word);
-}
-
-void Proxy::Impl::activate(uint32_t index) {
-  Slot &s = slots_[index];
-  if (!s.in_active) {
-    s.in_active = true;
-    active_.push_back(index);
-  }
-}
-
-void Proxy::Impl::handle(const Request &r) {
-  if (r.slot >= slots_.size()) return;
-  Slot &s = slots_[r.slot];
-  if (r.gen != s.gen) {
-    // The GPU claims a slot only after we released it, so a new socket is
-    // always the next generation; anything else is a stale call on a closed fd.
-    if (r.gen != s.gen + 1 || s.in_use) return;
-    s.gen = r.gen;
-    s.in_use = true;
-  }
-  if (!s.in_use) return;  // a late call on a socket that was closed meanwhile
-  const uint32_t index = r.slot;
-  // Every request carries the GPU's ring positions: apply them first, so a
-  // shutdown or close never overtakes bytes the GPU has already handed over.
-  if (s.conn && r.op != kOpAccept) {
-    s.conn->apply_gpu_positions(r.send_tail, r.recv_read);
-    activate(index);
-  }
-  switch (r.op) {
-    case kOpNop:
-      complete(index, r, 0);
-      return;
-    case kOpData:
-      return;  // positions applied above
-    case kOpBind: {
-      int rc = 0;
-      if (s.listener || s.conn || s.addr_len) rc = -EINVAL;
-      else if (r.addr_len < sizeof(sa_family_t)) rc = -EINVAL;
-      else {
-        sa_family_t family;
-        std::memcpy(&family, r.addr, sizeof family);
-        if (family == AF_INET && r.addr_len < sizeof(sockaddr_in)) rc = -EINVAL;
-        else if (family == AF_INET6 && r.addr_len < sizeof(sockaddr_in6)) rc = -EINVAL;
-        else if (family != AF_INET && family != AF_INET6) rc = -EAFNOSUPPORT;
-      }
-      if (rc == 0) {
-        std::memcpy(&s.addr, r.addr, r.addr_len);
-        s.addr_len = r.addr_len;
-      }
-      complete(index, r, rc);
-      return;
-    }
-    case kOpListen: {
-      int rc = 0;
-      if (s.conn) rc = -EINVAL;
-      else if (!s.listener) {
-        if (s.addr_len == 0) {  // like TCP: listen on an unbound socket picks any port
-          s.addr = sockaddr_storage{};
-          s.addr.ss_family = AF_INET;
-          s.addr_len = sizeof(sockaddr_in);
-        }
-        auto ls = std::make_unique<ListenerState>();
-        ls->backlog = std::clamp(r.arg0 <= 0 ? 1 : r.arg0, 1, 4096);
-        rc = domain_->listen(reinterpret_cast<sockaddr *>(&s.addr), s.addr_len, ls->backlog, &ls->listener);
-        if (rc == 0) {
-          s.listener = std::move(ls);
-          activate(index);
-          publish_slot(index);
-        }
-      }
-      complete(index, r, rc);
-      return;
-    }
-    case kOpConnect: {
-      int rc = 0;
-      BufferSet set;
-      if (s.conn || s.listener) rc = s.conn ? -EISCONN : -EINVAL;
-      else rc = take_buffer_set(&set);
-      if (rc == 0) {
-        auto conn = std::make_unique<Connection>(domain_.get(), set);
-        rc = conn->connect(reinterpret_cast<const sockaddr *>(r.addr), r.addr_len);
-        if (rc == 0) {
-          s.conn = std::move(conn);
-          activate(index);
-          publish(&status_[index].buffer, set.index);
-          shadows_[index].buffer = set.index;
-        } else {
-          conn.reset();
-          return_buffer_set(set);
-        }
-      }
-      complete(index, r, rc);
-      return;
-    }
-    case kOpAccept: {
-      int rc = -EINVAL;
-      const uint32_t li = static_cast<uint32_t>(r.arg0);
-      if (li < slots_.size() && slots_[li].gen == static_cast<uint32_t>(r.arg1) && slots_[li].listener &&
-          !s.conn && !s.listener) {
-        ListenerState &ls = *slots_[li].listener;
-        if (ls.queue.empty()) {
-          rc = -EAGAIN;  // another block took it first
-        } else {
-          s.conn = std::move(ls.queue.front());
-          ls.queue.pop_front();
-          activate(index);
-          shadows_[index].buffer = ~0u;  // force the buffer index out
-          publish_slot(index);
-          publish_slot(li);
-          rc = 0;
-        }
-      }
-      complete(index, r, rc);
-      return;
-    }
-    case kOpShutdown: {
-      const int rc = s.conn ? s.conn->shutdown(r.arg0) : -ENOTCONN;
-      if (s.conn) publish_slot(index);
-      complete(index, r, rc);
-      return;
-    }
-    case kOpClose:
-      release_slot(index);
-      return;
-    default:
-      complete(index, r, -EINVAL);
-      return;
-  }
-}
-
-// The socket is closed: its connection finishes in the background, and the
-// slot goes back to the GPU at once (its buffer set stays with the connection).
-void Proxy::Impl::release_slot(uint32_t index, bool abort) {
-  Slot &s = slots_[index];
-  if (s.listener) {
-    for (auto &c : s.listener->accepting) retire(std::move(c));
-    for (auto &c : s.listener->queue) retire(std::move(c));
-    s.listener.reset();
-  }
-  if (s.conn) {
-    if (abort) s.conn->abort();
-    else s.conn->begin_close(Clock::now() + std::chrono::milliseconds(options_.close_flush_ms));
-    closing_.push_back(std::move(s.conn));
-  }
-  s.addr_len = 0;
-  s.addr = sockaddr_storage{};
-  s.in_use = false;
-  SocketStatus &st = status_[index];
-  publish(&st.state, 0u);
-  publish(&st.recv_write, uint64_t(0));
-  publish(&st.send_done, uint64_t(0));
-  publish(&st.ctrl_done, 0u);
-  publish(&st.ctrl_result, 0);
-  publish(&st.buffer, 0u);
-  publish(&st.accept_queued, 0u);
-  publish(&st.error, 0);
-  publish(&st.send_error, 0);
-  shadows_[index] = Shadow{};
-  publish(&st.releases, s.gen);  // last: the GPU may claim the slot now
-}
-
-void Proxy::Impl::retire(std::unique_ptr<Connection> conn) {
-  if (!conn) return;
-  conn->begin_close(Clock::now() + std::chrono::milliseconds(options_.close_flush_ms));
-  closing_.push_back(std::move(conn));
-}
-
-int Proxy::Impl::take_buffer_set(BufferSet *out) {
-  if (free_buffers_.empty()) return -ENOBUFS;
-  const uint32_t i = free_buffers_.back();
-  free_buffers_.pop_back();
-  out->index = i;
-  out->rbuf = rbuf_reg_ + size_t(i) * options_.rbuf_size;
-  out->sbuf = sbuf_reg_ + size_t(i) * options_.sbuf_size;
-  out->rbuf_size = options_.rbuf_size;
-  out->sbuf_size = options_.sbuf_size;
-  return 0;
-}
-
-void Proxy::Impl::return_buffer_set(const BufferSet &set) { free_buffers_.push_back(set.index); }
-
-// ---------------------------------------------------------------- progress
-
-bool Proxy::Impl::progress_active() {
-  bool did = false;
-  for (size_t i = 0; i < active_.size();) {
-    const uint32_t index = active_[i];
-    Slot &s = slots_[index];
-    if (!s.listener && !s.conn) {  // released: drop from the list
-      s.in_active = false;
-      active_[i] = active_.back();
-      active_.pop_back();
-      continue;
-    }
-    if (s.listener && poll_listeners_) did |= progress_listener(index, s);
-    if (s.conn) {
-      const ConnRole before = s.conn->role();
-      did |= s.conn->progress();
-      if (before != ConnRole::kConnected && s.conn->role() == ConnRole::kConnected)
-        stat_connections_.fetch_add(1, std::memory_order_relaxed);
-      publish_slot(index);
-    }
-    ++i;
-  }
-  return did;
-}
-
-bool Proxy::Impl::progress_listener(uint32_t index, Slot &slot) {
-  ListenerState &ls = *slot.listener;
-  bool did = false;
-  for (size_t i = 0; i < ls.accepting.size();) {
-    Connection &child = *ls.accepting[i];
-    did |= child.progress();
-    if (child.role() == ConnRole::kAccepting) {
-      ++i;
-      continue;
-    }
-    did = true;
-    if (child.role() == ConnRole::kConnected) {
-      stat_connections_.fetch_add(1, std::memory_order_relaxed);
-      ls.queue.push_back(std::move(ls.accepting[i]));
-    } else {
-      retire(std::move(ls.accepting[i]));
-    }
-    ls.accepting.erase(ls.accepting.begin() + static_cast<long>(i));
-  }
-  // Established connections not yet taken by gaccept keep moving: credits are
-  // granted and the peer's first bytes land in their rings.
-  for (auto &c : ls.queue) did |= c->progress();
-  while (ls.accepting.size() + ls.queue.size() < static_cast<size_t>(ls.backlog)) {
-    if (free_buffers_.empty()) {  // back-pressure: requests wait in the listener
-      stat_no_buffer_.fetch_add(1, std::memory_order_relaxed);
-      break;
-    }
-    std::unique_ptr<wire::ConnectionRequest> request;
-    if (ls.listener->get_request(&request) <= 0) break;
-    did = true;
-    wire::ConnRecord peer;
-    wire::RecordError why;
-    if (wire::decode_conn_record(request->private_data(), request->private_len(), &peer, &why) < 0) {
-      std::fprintf(stderr, "gpusock proxy: rejecting connection: %s\n", wire::record_error_text(why));
-      request->reject();
-      continue;
-    }
-    BufferSet set;
-    take_buffer_set(&set);
-    auto child = std::make_unique<Connection>(domain_.get(), set);
-    if (int rc = child->accept(request.get(), peer); rc < 0) {
-      std::fprintf(stderr, "gpusock proxy: accept failed: %s\n", gs_status_name(rc));
-      request->reject();
-      child.reset();
-      return_buffer_set(set);
-      continue;
-    }
-    ls.accepting.push_back(std::move(child));
-  }
-  publish_slot(index);
-  return did;
-}
-
-bool Proxy::Impl::progress_closing() {
-  bool did = false;
-  for (size_t i = 0; i < closing_.size();) {
-    if (closing_[i]->close_finished()) {
-      const BufferSet set = closing_[i]->buffers();
-      closing_[i].reset();  // disconnects and deregisters before the rings are reused
-      return_buffer_set(set);
-      closing_[i] = std::move(closing_.back());
-      closing_.pop_back();
-      did = true;
-    } else {
-      ++i;
-    }
-  }
-  return did;
-}
-
-// Writes what changed since the last publication: counters first, state last.
-void Proxy::Impl::publish_slot(uint32_t index) {
-  Slot &s = slots_[index];
-  Shadow &sh = shadows_[index];
-  SocketStatus &st = status_[index];
-  Shadow now = sh;
-  if (s.listener) {
-    now.state = kStListening;
-    now.accept_queued = static_cast<uint32_t>(s.listener->queue.size());
-  } else if (s.conn) {
-    const proxy::ConnSnapshot snap = s.conn->snapshot();
-    now.recv_write = snap.recv_write;
-    now.send_done = snap.send_done;
-    now.state = snap.state;
-    now.error = snap.error;
-    now.send_error = snap.send_error;
-    now.buffer = s.conn->buffers().index;
-  } else {
-    return;
-  }
-  if (now.buffer != sh.buffer) publish(&st.buffer, now.buffer);
-  if (now.recv_write != sh.recv_write) publish(&st.recv_write, now.recv_write);
-  if (now.send_done != sh.send_done) publish(&st.send_done, now.send_done);
-  if (now.accept_queued != sh.accept_queued) publish(&st.accept_queued, now.accept_queued);
-  if (now.error != sh.error) publish(&st.error, now.error);
-  if (now.send_error != sh.send_error) publish(&st.send_error, now.send_error);
-  if (now.state != sh.state) publish(&st.state, now.state);
-  sh = now;
 }
 
 // ---------------------------------------------------------------- Proxy

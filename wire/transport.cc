@@ -2,7 +2,7 @@
 // transports (and what each needs from the machine), nothing of sockets.
 #include "wire/transport.h"
 
-#include "wire/fabric/fabric_common.h"
+#include "wire/fabric/fabric_domain.h"
 #if GPUSOCK_HAVE_VERBS
 #include "wire/verbs/verbs_transport.h"
 #endif
@@ -67,7 +67,7 @@ gs_status_t open_domain(const std::string &spec_in, std::unique_ptr<Domain> *out
     }
   }
   if (spec == "verbs") return open_verbs(out, error);
-  if (fabric::find_provider_attr(spec) != nullptr) return fabric::open_fabric_domain(spec, out, error);
+  if (fabric::is_fabric_spec(spec)) return fabric::open_fabric_domain(spec, out, error);
   if (error != nullptr) *error = "gpusock: unknown transport '" + spec + "' (valid: " + kValidSpecs + ")";
   return -EINVAL;
 }

@@ -138,10 +138,19 @@ struct EndpointAttr {
 // Capabilities are data, as in libfabric's *_attr.c tables.
 struct TransportCaps {
   const char *name = "";            // "fabric:tcp", "fabric:shm", "verbs"
-  bool device_memory = false;       // can register GPU memory (FI_HMEM / dmabuf)
+  bool device_memory = false;       // may register GPU memory (FI_HMEM / dmabuf): ask device_memory_support()
   bool needs_recv_posts = true;     // immediates consume posted receives
   bool write_with_imm = true;       // false: iWARP-style write + 4-byte send
   uint32_t max_private_data = 0;    // bytes a connect/accept can carry
+};
+
+// Can this domain register GPU memory, and if not, why: the answer a GPU proxy
+// prints at start. Found out when asked, not at open: the probe opens provider
+// objects and registers a real GPU buffer, which a CPU-only process should not
+// pay for.
+struct DeviceMemorySupport {
+  bool registers = false;  // the transport's library registers CUDA memory
+  std::string why;         // one phrase: how it does, or what is missing
 };
 
 // A provider instance: memory registration and endpoint creation.
@@ -149,6 +158,12 @@ class Domain {
  public:
   virtual ~Domain() = default;
   virtual const TransportCaps &caps() const = 0;
+  // gpu_buffer: `length` bytes of GPU memory on CUDA device `cuda_device` the
+  // probe may try to register.
+  virtual DeviceMemorySupport device_memory_support(void *gpu_buffer, size_t length, int cuda_device) {
+    (void)gpu_buffer, (void)length, (void)cuda_device;
+    return {false, std::string(caps().name) + ": no GPU memory registration"};
+  }
   virtual gs_status_t register_memory(void *base, size_t length, unsigned access,
                                       MemoryRegion *out) = 0;
   virtual void deregister_memory(MemoryRegion *region) = 0;

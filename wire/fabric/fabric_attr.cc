@@ -12,6 +12,7 @@
 //      FI_PROGRESS_MANUAL data progress, no CM: gpusock carries its own
 //      handshake (fabric_rdm.cc) and private data in it. FI_HMEM capable.
 #include "wire/fabric/fabric_attr.h"
+#include "wire/fabric/fabric_domain.h"
 
 #include <rdma/fi_domain.h>
 
@@ -56,6 +57,8 @@ const ProviderAttr kProviderAttrs[] = {
 };
 
 const size_t kProviderAttrCount = sizeof(kProviderAttrs) / sizeof(kProviderAttrs[0]);
+
+bool is_fabric_spec(std::string_view spec) { return find_provider_attr(spec) != nullptr; }
 
 const ProviderAttr *find_provider_attr(std::string_view spec) {
   for (size_t i = 0; i < kProviderAttrCount; ++i) {

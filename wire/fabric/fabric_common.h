@@ -6,6 +6,7 @@
 #pragma once
 
 #include "wire/fabric/fabric_attr.h"
+#include "wire/fabric/fabric_domain.h"
 #include "wire/transport.h"
 
 #include <rdma/fabric.h>
@@ -24,11 +25,6 @@
 #include <string_view>
 
 namespace gpusock::wire::fabric {
-
-// Opens "fabric:<provider>" (a row of kProviderAttrs). On failure `error` says
-// why (provider missing, fi_getinfo's answer).
-gs_status_t open_fabric_domain(std::string_view spec, std::unique_ptr<Domain> *out,
-                               std::string *error);
 
 // The two endpoint flavours (fabric_msg.cc, fabric_rdm.cc).
 gs_status_t open_msg_domain(const ProviderAttr &attr, std::unique_ptr<Domain> *out, std::string *error);
@@ -129,6 +125,7 @@ class FabricDomainBase : public Domain {
   ~FabricDomainBase() override;
 
   const TransportCaps &caps() const override { return caps_; }
+  DeviceMemorySupport device_memory_support(void *gpu_buffer, size_t length, int cuda_device) override;  // fabric_hmem.cc
   gs_status_t register_memory(void *base, size_t length, unsigned access, MemoryRegion *out) override;
   void deregister_memory(MemoryRegion *region) override;
 

@@ -70,24 +70,6 @@ int register_accepted(std::unique_ptr<StreamSocket> child, int flags, sockaddr *
 
 extern "C" {
 
-const char *gs_status_name(gs_status_t status) {
-  if (status >= 0) return "OK";
-  switch (-status) {
-#define GS_NAME(e) \
-  case e:          \
-    return #e;
-    GS_NAME(EAGAIN) GS_NAME(EPROTO) GS_NAME(EPROTONOSUPPORT) GS_NAME(ECONNREFUSED) GS_NAME(ECONNRESET)
-    GS_NAME(ENOTCONN) GS_NAME(EPIPE) GS_NAME(EINVAL) GS_NAME(ENOMEM) GS_NAME(ENODEV) GS_NAME(ENOENT)
-    GS_NAME(EBADF) GS_NAME(ENOTSOCK) GS_NAME(EINPROGRESS) GS_NAME(EALREADY) GS_NAME(EISCONN)
-    GS_NAME(EADDRINUSE) GS_NAME(EADDRNOTAVAIL) GS_NAME(EAFNOSUPPORT) GS_NAME(ENOPROTOOPT) GS_NAME(ETIMEDOUT)
-    GS_NAME(EINTR) GS_NAME(EIO) GS_NAME(ENOTSUP) GS_NAME(EHOSTUNREACH) GS_NAME(ENETUNREACH) GS_NAME(EMSGSIZE)
-    GS_NAME(ECONNABORTED) GS_NAME(EFAULT) GS_NAME(ENOSYS)
-#undef GS_NAME
-    default:
-      return "E?";
-  }
-}
-
 const char *gs_last_error(void) { return gpusock::socket::last_error(); }
 
 int gs_dup(int fd) {

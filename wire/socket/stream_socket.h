@@ -1,13 +1,13 @@
-// One gpusock stream socket on the CPU: the protocol core (wire/core) bound to
-// a transport endpoint (wire/transport.h) and the buffers they share.
+// One gpusock stream socket on the CPU: socket semantics (roles, options,
+// blocking, the listener's accept queue) around one wire::ConnectionDriver,
+// which binds the protocol core to a transport endpoint.
 //
 // Concurrency: every method that touches connection state takes `mu`. Blocking
 // calls drop it between progress passes, so a sender and a receiver thread, and
 // the engine's background thread, can all drive the same socket.
 #pragma once
 
-#include "wire/core/stream.h"
-#include "wire/transport.h"
+#include "wire/connection_driver.h"
 
 #include <sys/socket.h>
 
@@ -74,8 +74,6 @@ class StreamSocket {
   // Begin an orderly close: flush, send DISCONNECT; true once it may be freed.
   void begin_close();
   bool close_finished();
-  Clock::time_point close_deadline() const { return close_deadline_; }
-  bool has_background_work();
   bool lingers() const { return options_.linger_opt.l_onoff != 0; }
   // What went wrong last on this socket, in words ("" if nothing did).
   std::string error_text();
@@ -84,18 +82,16 @@ class StreamSocket {
   std::atomic<int> fd_refs{0};
 
  private:
-  int setup_connection(wire::ConnectionRequest *request);
-  void release_connection();
-  bool progress_locked();
-  bool poll_cm_locked();
-  bool poll_completions_locked();
-  bool drain_actions_locked();
-  bool accept_requests_locked();
-  void handle_cm_disconnect_locked(int status);
+  wire::DriverConfig driver_config() const;
+  void adopt_driver_state_locked();
   int fail_locked(int err, const char *why);
   void note_error_locked(int err, const char *why);
+  static void on_driver_error(void *self, int err, const char *why);
   int wait_connected_locked(std::unique_lock<std::mutex> &lock);
+  int ready_for_data_locked(std::unique_lock<std::mutex> &lock, int flags);
   void keepalive_tick_locked();
+  bool progress_locked();
+  bool accept_requests_locked();
   template <class Pred>
   int wait_locked(std::unique_lock<std::mutex> &lock, Pred ready, int timeout_ms);
 
@@ -113,18 +109,8 @@ class StreamSocket {
   socklen_t peer_len_ = 0;
 
   // connection
-  std::unique_ptr<wire::Endpoint> endpoint_;
-  wire::Stream core_;
-  bool transport_established_ = false;
-  uint8_t record_bytes_[wire::kConnRecordSize] = {};
-  uint8_t *sbuf_ = nullptr;
-  uint8_t *rbuf_ = nullptr;
-  uint8_t *meta_ = nullptr;  // target table (2 × 16 B) + control staging (4 × 16 B)
-  wire::MemoryRegion sbuf_mr_{}, rbuf_mr_{}, meta_mr_{};
-  uint32_t ctrl_stage_next_ = 0;
+  wire::ConnectionDriver conn_;
   bool closing_ = false;
-  Clock::time_point close_deadline_{};
-  Clock::time_point teardown_at_{};
   Clock::time_point next_keepalive_{};
 
   // listener
@@ -133,6 +119,9 @@ class StreamSocket {
   std::vector<std::unique_ptr<StreamSocket>> accepting_;
   std::deque<std::unique_ptr<StreamSocket>> accept_queue_;
 };
+
+// The kernel's TCP keepalive idle time (tcp_keepalive_time), the default of TCP_KEEPIDLE.
+int system_keepalive_seconds();
 
 // The last error explanation of this thread (gs_last_error).
 void set_last_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -363,6 +363,9 @@ class VerbsDomain final : public Domain {
   }
 
   const TransportCaps &caps() const override { return caps_; }
+  DeviceMemorySupport device_memory_support(void *, size_t, int) override {
+    return {false, "verbs: GPU memory would go through ibv_reg_dmabuf_mr, not wired yet"};
+  }
   bool iwarp() const { return !caps_.write_with_imm; }
 
   gs_status_t register_memory(void *base, size_t length, unsigned access, MemoryRegion *out) override {

@@ -1,0 +1,229 @@
+// The proxy's requests: the GPU's request ring drained in order, each
+// request applied to its slot (bind, listen, connect, accept, shutdown, close,
+// data positions), control requests answered in the same pass.
+#include "proxy/proxy_impl.h"
+
+#include <netinet/in.h>
+
+#include <algorithm>
+#include <cstring>
+
+namespace gpusock {
+
+bool Proxy::Impl::drain_requests() {
+  const uint32_t mask = ctx_.request_mask;
+  // The ring is full when even the last entry of this lap is published:
+  // producers are waiting for room (back-pressure on the GPU).
+  const Request *last = requests_ + ((head_ + mask) & mask);
+  if (__atomic_load_n(&last->seq, __ATOMIC_ACQUIRE) == head_ + mask + 1)
+    stat_full_laps_.fetch_add(1, std::memory_order_relaxed);
+  uint64_t taken = 0;
+  for (;;) {
+    Request *e = requests_ + (head_ & mask);
+    if (__atomic_load_n(&e->seq, __ATOMIC_ACQUIRE) != head_ + 1) break;
+    Request r;
+    std::memcpy(static_cast<void *>(&r), e, 64);
+    if (r.addr_len > 0)  // words 8..11, as hashed (the address and the padding after it)
+      std::memcpy(reinterpret_cast<uint64_t *>(&r) + 8, reinterpret_cast<const uint64_t *>(e) + 8, 32);
+    // The request may still be arriving piece by piece: take it only whole.
+    if (r.seq != head_ + 1 || request_check(reinterpret_cast<const uint64_t *>(&r), r.addr_len > 0) != r.check)
+      break;
+    std::atomic_thread_fence(std::memory_order_acquire);
+    ++head_;
+    ++taken;
+    handle(r);
+    if (taken == mask + 1) break;  // one lap at a time: the network moves in between
+  }
+  if (taken == 0) return false;
+  stat_requests_.fetch_add(taken, std::memory_order_relaxed);
+  publish(&shared_->consumed, head_);
+  return true;
+}
+
+// ctrl_done and ctrl_result share one aligned 8-byte word: one store, so the GPU
+// reads both with one load and needs no fence between them.
+void Proxy::Impl::complete(uint32_t slot, const Request &r, int result) {
+  const uint64_t word = uint64_t(r.ctrl_seq) | (uint64_t(static_cast<uint32_t>(result)) << 32);
+  publish(reinterpret_cast<uint64_t *>(&status_[slot].ctrl_done), word);
+}
+
+void Proxy::Impl::activate(uint32_t index) {
+  Slot &s = slots_[index];
+  if (!s.in_active) {
+    s.in_active = true;
+    active_.push_back(index);
+  }
+}
+
+void Proxy::Impl::handle(const Request &r) {
+  if (r.slot >= slots_.size()) return;
+  Slot &s = slots_[r.slot];
+  if (r.gen != s.gen) {
+    // The GPU claims a slot only after we released it, so a new socket is
+    // always the next generation; anything else is a stale call on a closed fd.
+    if (r.gen != s.gen + 1 || s.in_use) return;
+    s.gen = r.gen;
+    s.in_use = true;
+  }
+  if (!s.in_use) return;  // a late call on a socket that was closed meanwhile
+  const uint32_t index = r.slot;
+  // Every request carries the GPU's ring positions: apply them first, so a
+  // shutdown or close never overtakes bytes the GPU has already handed over.
+  if (s.conn && r.op != kOpAccept) {
+    s.conn->apply_gpu_positions(r.send_tail, r.recv_read);
+    activate(index);
+  }
+  switch (r.op) {
+    case kOpNop:
+      complete(index, r, 0);
+      return;
+    case kOpData:
+      return;  // positions applied above
+    case kOpBind: {
+      int rc = 0;
+      if (s.listener || s.conn || s.addr_len) rc = -EINVAL;
+      else if (r.addr_len < sizeof(sa_family_t)) rc = -EINVAL;
+      else {
+        sa_family_t family;
+        std::memcpy(&family, r.addr, sizeof family);
+        if (family == AF_INET && r.addr_len < sizeof(sockaddr_in)) rc = -EINVAL;
+        else if (family == AF_INET6 && r.addr_len < sizeof(sockaddr_in6)) rc = -EINVAL;
+        else if (family != AF_INET && family != AF_INET6) rc = -EAFNOSUPPORT;
+      }
+      if (rc == 0) {
+        std::memcpy(&s.addr, r.addr, r.addr_len);
+        s.addr_len = r.addr_len;
+      }
+      complete(index, r, rc);
+      return;
+    }
+    case kOpListen: {
+      int rc = 0;
+      if (s.conn) rc = -EINVAL;
+      else if (!s.listener) {
+        if (s.addr_len == 0) {  // like TCP: listen on an unbound socket picks any port
+          s.addr = sockaddr_storage{};
+          s.addr.ss_family = AF_INET;
+          s.addr_len = sizeof(sockaddr_in);
+        }
+        auto ls = std::make_unique<ListenerState>();
+        ls->backlog = std::clamp(r.arg0 <= 0 ? 1 : r.arg0, 1, 4096);
+        rc = domain_->listen(reinterpret_cast<sockaddr *>(&s.addr), s.addr_len, ls->backlog, &ls->listener);
+        if (rc == 0) {
+          s.listener = std::move(ls);
+          activate(index);
+          publish_slot(index);
+        }
+      }
+      complete(index, r, rc);
+      return;
+    }
+    case kOpConnect: {
+      int rc = 0;
+      BufferSet set;
+      if (s.conn || s.listener) rc = s.conn ? -EISCONN : -EINVAL;
+      else rc = take_buffer_set(&set);
+      if (rc == 0) {
+        auto conn = std::make_unique<Connection>(domain_.get(), set);
+        rc = conn->connect(reinterpret_cast<const sockaddr *>(r.addr), r.addr_len);
+        if (rc == 0) {
+          s.conn = std::move(conn);
+          activate(index);
+          publish(&status_[index].buffer, set.index);
+          shadows_[index].buffer = set.index;
+        } else {
+          conn.reset();
+          return_buffer_set(set);
+        }
+      }
+      complete(index, r, rc);
+      return;
+    }
+    case kOpAccept: {
+      int rc = -EINVAL;
+      const uint32_t li = static_cast<uint32_t>(r.arg0);
+      if (li < slots_.size() && slots_[li].gen == static_cast<uint32_t>(r.arg1) && slots_[li].listener &&
+          !s.conn && !s.listener) {
+        ListenerState &ls = *slots_[li].listener;
+        if (ls.queue.empty()) {
+          rc = -EAGAIN;  // another block took it first
+        } else {
+          s.conn = std::move(ls.queue.front());
+          ls.queue.pop_front();
+          activate(index);
+          shadows_[index].buffer = ~0u;  // force the buffer index out
+          publish_slot(index);
+          publish_slot(li);
+          rc = 0;
+        }
+      }
+      complete(index, r, rc);
+      return;
+    }
+    case kOpShutdown: {
+      const int rc = s.conn ? s.conn->shutdown(r.arg0) : -ENOTCONN;
+      if (s.conn) publish_slot(index);
+      complete(index, r, rc);
+      return;
+    }
+    case kOpClose:
+      release_slot(index);
+      return;
+    default:
+      complete(index, r, -EINVAL);
+      return;
+  }
+}
+
+// The socket is closed: its connection finishes in the background, and the
+// slot goes back to the GPU at once (its buffer set stays with the connection).
+void Proxy::Impl::release_slot(uint32_t index, bool abort) {
+  Slot &s = slots_[index];
+  if (s.listener) {
+    for (auto &c : s.listener->accepting) retire(std::move(c));
+    for (auto &c : s.listener->queue) retire(std::move(c));
+    s.listener.reset();
+  }
+  if (s.conn) {
+    if (abort) s.conn->abort();
+    else s.conn->begin_close(Clock::now() + std::chrono::milliseconds(options_.close_flush_ms));
+    closing_.push_back(std::move(s.conn));
+  }
+  s.addr_len = 0;
+  s.addr = sockaddr_storage{};
+  s.in_use = false;
+  SocketStatus &st = status_[index];
+  publish(&st.state, 0u);
+  publish(&st.recv_write, uint64_t(0));
+  publish(&st.send_done, uint64_t(0));
+  publish(&st.ctrl_done, 0u);
+  publish(&st.ctrl_result, 0);
+  publish(&st.buffer, 0u);
+  publish(&st.accept_queued, 0u);
+  publish(&st.error, 0);
+  publish(&st.send_error, 0);
+  shadows_[index] = Shadow{};
+  publish(&st.releases, s.gen);  // last: the GPU may claim the slot now
+}
+
+void Proxy::Impl::retire(std::unique_ptr<Connection> conn) {
+  if (!conn) return;
+  conn->begin_close(Clock::now() + std::chrono::milliseconds(options_.close_flush_ms));
+  closing_.push_back(std::move(conn));
+}
+
+int Proxy::Impl::take_buffer_set(BufferSet *out) {
+  if (free_buffers_.empty()) return -ENOBUFS;
+  const uint32_t i = free_buffers_.back();
+  free_buffers_.pop_back();
+  out->index = i;
+  out->rbuf = rbuf_reg_ + size_t(i) * options_.rbuf_size;
+  out->sbuf = sbuf_reg_ + size_t(i) * options_.sbuf_size;
+  out->rbuf_size = options_.rbuf_size;
+  out->sbuf_size = options_.sbuf_size;
+  return 0;
+}
+
+void Proxy::Impl::return_buffer_set(const BufferSet &set) { free_buffers_.push_back(set.index); }
+
+}  // namespace gpusock

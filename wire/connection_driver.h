@@ -1,0 +1,129 @@
+// One connection's driver: the protocol core (wire/core) bound to a transport
+// endpoint (wire/transport.h) and the three registered buffers they share.
+//
+// It is the one driving loop of gpusock. The CPU socket (wire/socket) and the
+// GPU proxy (proxy/) each own one per connection and keep only what differs:
+// the socket locks and feeds the core from send()/recv(), the proxy feeds it
+// from the GPU's published ring positions; each reports failures its own way
+// (the ErrorSink). A pass polls CM events and completions into the core and
+// posts the core's actions; nothing here is thread-safe (owners serialise).
+#pragma once
+
+#include "wire/core/stream.h"
+#include "wire/transport.h"
+
+#include <sys/socket.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+
+namespace gpusock::wire {
+
+using DriverClock = std::chrono::steady_clock;
+
+// The meta block of a connection (one page): the target table the peer writes
+// its adverts into, then kQpCtrlSize staging slots for outgoing control records.
+inline constexpr uint32_t kMetaTableBytes = kSglSize * kSglRecordSize;
+inline constexpr uint32_t kMetaBlockSize = 4096;
+static_assert(kMetaTableBytes + kQpCtrlSize * kSglRecordSize <= kMetaBlockSize, "the meta block holds both");
+
+// What a connection is sized to. The rings may be handed in (the proxy's
+// pools); null rings are allocated, page-aligned and zeroed, and freed by the
+// driver (the CPU socket).
+struct DriverConfig {
+  void *rbuf = nullptr;
+  void *sbuf = nullptr;
+  uint32_t rbuf_size = kDefaultBufSize;  // even, >= 4096
+  uint32_t sbuf_size = kDefaultBufSize;  // >= 4096
+  uint16_t sq_size = kDefaultSqSize;
+  uint16_t rq_size = kDefaultRqSize;
+  uint32_t inline_size = kDefaultInline;
+};
+
+enum class DriverState : uint8_t {
+  kIdle,        // nothing set up
+  kConnecting,  // active side, waiting for the peer's record
+  kAccepting,   // passive side, waiting for the transport to establish
+  kConnected,   // records exchanged: data may flow (the core has the rest)
+  kFailed,      // set-up failed or was refused: error() says why; transport released
+};
+
+// How an owner hears why a connection failed or was cut off: a refused or
+// failed set-up (state kFailed), or a peer that broke the protocol (the core is
+// in kError and the transport is cut). `why` is static text.
+using ErrorSink = void (*)(void *owner, int err, const char *why);
+
+class ConnectionDriver {
+ public:
+  ConnectionDriver(Domain *domain, ErrorSink sink, void *owner) : domain_(domain), sink_(sink), owner_(owner) {}
+  ~ConnectionDriver() { release(); }
+  ConnectionDriver(const ConnectionDriver &) = delete;
+  ConnectionDriver &operator=(const ConnectionDriver &) = delete;
+
+  // Active side: registers the buffers, creates the endpoint, posts the first
+  // receives and starts connecting (kConnecting). On failure nothing is held.
+  gs_status_t connect(const sockaddr *addr, socklen_t len, const DriverConfig &config);
+  // Passive side: the same for a request a listener took, whose record
+  // decoded to `peer` (kAccepting until the transport says established).
+  gs_status_t accept(ConnectionRequest *request, const ConnRecord &peer, const DriverConfig &config);
+
+  // One progress pass; true if anything happened.
+  bool progress();
+  // Posts what the core has to post now; true if anything was posted.
+  bool post_actions();
+
+  // shutdown(2) on the connection: SHUT_RD, SHUT_WR or SHUT_RDWR.
+  gs_status_t shutdown(int how);
+  // Orderly close: SHUT_RDWR (flush, then DISCONNECT); close_finished() says
+  // when the transport may go. A connection that never connected is finished.
+  void begin_close(DriverClock::time_point deadline);
+  bool close_finished();
+  // Cuts the transport without the in-band DISCONNECT: the peer sees a reset.
+  void abort();
+  // Disconnects and deregisters; frees what the driver allocated.
+  void release();
+
+  DriverState state() const { return state_; }
+  int error() const { return error_; }  // kFailed: a negated errno
+  Stream &core() { return core_; }
+  const Stream &core() const { return core_; }
+  Endpoint *endpoint() const { return endpoint_.get(); }
+  uint8_t *rbuf() const { return rbuf_; }
+  uint8_t *sbuf() const { return sbuf_; }
+
+ private:
+  gs_status_t setup(ConnectionRequest *request, const DriverConfig &config);
+  gs_status_t post_action(const Action &a);
+  bool poll_cm();
+  bool poll_completions();
+  void on_cm_disconnect(int status);
+  void fail(int err, const char *why);
+
+  Domain *domain_;
+  ErrorSink sink_;
+  void *owner_;
+  DriverState state_ = DriverState::kIdle;
+  int error_ = 0;
+  bool established_ = false;  // the transport may carry writes
+  bool owns_rings_ = false;
+  DriverClock::time_point close_deadline_{};
+  DriverClock::time_point teardown_at_{};
+
+  std::unique_ptr<Endpoint> endpoint_;
+  Stream core_;
+  uint8_t record_[kConnRecordSize] = {};
+  uint8_t *rbuf_ = nullptr;
+  uint8_t *sbuf_ = nullptr;
+  uint8_t *meta_ = nullptr;  // target table + control staging
+  MemoryRegion rbuf_mr_{}, sbuf_mr_{}, meta_mr_{};
+  uint32_t ctrl_stage_next_ = 0;
+};
+
+// A listener's next connection request whose record decodes (into *peer):
+// 1, or 0 if none is pending, or < 0 on error. Requests whose record we cannot
+// take are rejected on the way (§1.5), each reported to the sink.
+int next_valid_request(Listener &listener, std::unique_ptr<ConnectionRequest> *request, ConnRecord *peer,
+                       ErrorSink sink, void *owner);
+
+}  // namespace gpusock::wire
