@@ -1,5 +1,6 @@
-// The 40-byte connection record exchanged as CM private data (rsocket-wire.md
-// §1.3, struct rs_conn_data), and the 16-byte SGL record of the target table.
+// The 40-byte connection record exchanged as CM private data
+// (docs/wire-protocol.md §1.3, struct rs_conn_data), and the 16-byte SGL
+// record of the target table.
 #pragma once
 
 #include "wire/core/constants.h"

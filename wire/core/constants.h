@@ -1,4 +1,4 @@
-// rsocket protocol constants (docs: shared rsocket-wire.md §2.10). Names follow
+// rsocket protocol constants (docs/wire-protocol.md §2.10). Names follow
 // rdma-core's so a reader can match them against rsocket.c.
 #pragma once
 

@@ -1,4 +1,4 @@
-// The 32-bit immediate (rsocket-wire.md §2.2): opcode in bits 31..29, an
+// The 32-bit immediate (docs/wire-protocol.md §2.2): opcode in bits 31..29, an
 // opcode-specific value in bits 28..0. Host-order values here; transports carry
 // them in network order (verbs) or as CQ data (libfabric).
 #pragma once

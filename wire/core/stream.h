@@ -8,7 +8,7 @@
 // caller; the core only computes offsets into them, except that it reads the
 // 2-slot target table the peer writes adverts into.
 //
-// References are to shared rsocket-wire.md sections.
+// References (§N.N) are to sections of docs/wire-protocol.md.
 #pragma once
 
 #include "wire/core/conn_record.h"

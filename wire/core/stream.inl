@@ -8,7 +8,7 @@ GS_HD void Stream::init(const StreamConfig &config, const LocalLayout &layout, C
   *this = Stream();
   rbuf_size_ = gs_max<uint32_t>(config.rbuf_size & ~1u, 2);
   half_ = rbuf_size_ / 2;
-  sbuf_size_ = config.sbuf_size < kSndLowat ? 4096 : config.sbuf_size;  // §6.5 wmem rule
+  sbuf_size_ = config.sbuf_size < kSndLowat ? 4096 : config.sbuf_size;  // §2.10 wmem rule
   sq_size_ = static_cast<uint16_t>(gs_min<uint32_t>(gs_max<uint32_t>(config.sq_size, kQpMinSize), kMaxSendQueue));
   rq_size_ = static_cast<uint16_t>(gs_min<uint32_t>(gs_max<uint32_t>(config.rq_size, kQpMinSize), kQpMaxSize));
   inline_size_ = config.msg_send ? gs_max<uint32_t>(config.inline_size, kMsgSize) : config.inline_size;

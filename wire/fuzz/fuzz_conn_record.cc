@@ -1,4 +1,4 @@
-// libFuzzer target: decode_conn_record on arbitrary bytes (rsocket-wire.md
+// libFuzzer target: decode_conn_record on arbitrary bytes (docs/wire-protocol.md
 // §1.3, §1.3.2, §2.9).
 //
 // Checks: decode never reads past `size` (ASan), its result and RecordError

@@ -1,5 +1,5 @@
 // libFuzzer target: drive the protocol core (wire/core/stream.h) with an
-// arbitrary sequence of events decoded from the input (rsocket-wire.md §2, §3).
+// arbitrary sequence of events decoded from the input (docs/wire-protocol.md §2, §3).
 //
 // The first byte picks a mode:
 //   even: one Stream against a hostile peer. Arbitrary immediates, arbitrary

@@ -1,4 +1,4 @@
-// SGL records and buffer adverts (rsocket-wire.md §1.3.1, §2.1, §2.3, §2.9).
+// SGL records and buffer adverts (docs/wire-protocol.md §1.3.1, §2.1, §2.3, §2.9).
 #include <gtest/gtest.h>
 
 #include <vector>

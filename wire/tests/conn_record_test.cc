@@ -1,4 +1,4 @@
-// Connection record (rsocket-wire.md §1.3, §1.3.1, §1.3.2, §9.1) and the
+// Connection record (docs/wire-protocol.md §1.3, §1.3.1, §1.3.2, §9.1) and the
 // record a Stream builds in init().
 #include <gtest/gtest.h>
 
@@ -248,7 +248,7 @@ TEST(ConnRecord, StreamInitFillsRecord) {
 }
 
 TEST(ConnRecord, StreamInitClampsQueuesAndBuffers) {
-  // §1.6 (sq/rq clamp), §6.5 (wmem < 2048 -> 4096), §2.10 (even rbuf).
+  // §1.6 (sq/rq clamp), §2.10 (wmem < 2048 -> 4096, even rbuf).
   StreamConfig cfg;
   cfg.sq_size = 1;
   cfg.rq_size = 1;

@@ -1,4 +1,4 @@
-// Credits and flow control (rsocket-wire.md §1.3.1, §2.4, §2.5, §9.4, §9.5).
+// Credits and flow control (docs/wire-protocol.md §1.3.1, §2.4, §2.5, §9.4, §9.5).
 #include <gtest/gtest.h>
 
 #include <vector>

@@ -8,7 +8,7 @@
 // NIC would do), the peer gets on_recv_imm (consuming one posted receive; if
 // none is posted the delivery waits, like an RNR NAK), and the writer later gets
 // on_write_done. Every action is checked against the protocol when it is taken
-// from the core (rsocket-wire.md §2.1, §2.3, §2.4, §2.6, §3.1).
+// from the core (docs/wire-protocol.md §2.1, §2.3, §2.4, §2.6, §3.1).
 //
 // No gtest here: the libFuzzer targets (wire/fuzz) use it too. Problems are
 // collected in Pair::violation (first one wins; later ones are appended up to a

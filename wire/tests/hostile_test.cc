@@ -1,4 +1,4 @@
-// Hostile or broken peers (rsocket-wire.md §2.3, §2.4, §3.1, §4, §9). Each
+// Hostile or broken peers (docs/wire-protocol.md §8; §2.3, §2.4, §3.1, §4). Each
 // violation must put that connection in StreamState::kError with a negative
 // errno and a readable reason; afterwards the core produces no write at all,
 // and nothing it wrote went out of bounds (the harness checks every write's
@@ -123,7 +123,7 @@ TEST(Hostile, DataCrossingTheRingEnd) {
 // ---- credits (§2.4) ----
 
 TEST(Hostile, MoreDataMessagesThanCredits) {
-  // §2.4: "a sender exceeding its credits corrupts the receiver's queue".
+  // §2.4: a message beyond the credits granted would overrun rsocket's queue.
   StreamConfig cb;
   cb.rq_size = 16;
   Pair p = hostile_pair(StreamConfig{}, cb);  // B never polls: no update beyond 16

@@ -1,4 +1,4 @@
-// Immediate data encoding (rsocket-wire.md §2.1, §2.2).
+// Immediate data encoding (docs/wire-protocol.md §2.1, §2.2).
 #include <gtest/gtest.h>
 
 #include "wire/core/immediate.h"

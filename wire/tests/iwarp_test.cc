@@ -1,4 +1,4 @@
-// iWARP variant (rsocket-wire.md §2.11, RS_OPT_MSG_SEND): without
+// iWARP variant (docs/wire-protocol.md §2.11, RS_OPT_MSG_SEND): without
 // write-with-immediate every message is an RDMA write plus a 4-byte send, so it
 // takes two send-queue slots and two control credits, and inline is at least 4.
 // No iWARP device exists here (siw is not in Debian 12's kernel), so the variant

@@ -1,6 +1,6 @@
 // Two Streams connected through the in-memory transport double (harness.h):
 // bulk transfer, half-close, close, zero-length sends, keepalive
-// (rsocket-wire.md §2, §3.1, §3.2).
+// (docs/wire-protocol.md §2, §3.1, §3.2).
 #include <gtest/gtest.h>
 
 #include <random>
@@ -333,7 +333,7 @@ TEST(Pair, ShutWrThenShutRdSendsShutdownThenDisconnect) {
 
 TEST(Pair, SimultaneousShutWr) {
   // Both SHUT_WR at once: each gets SHUTDOWN while no longer writable, which
-  // ends the connection (§3.1: "else state disconnected").
+  // ends the connection (§3.1: SHUTDOWN received after our own).
   Pair p;
   ASSERT_TRUE(p.run());
   p.a().s.shutdown(kShutWr);

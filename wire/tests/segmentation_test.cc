@@ -1,5 +1,5 @@
-// Segmentation of committed bytes into data writes (rsocket-wire.md §2.3
-// sender rules, §2.6, §9.5).
+// Segmentation of committed bytes into data writes (docs/wire-protocol.md
+// §2.3 sender rules, §2.6, §9.5).
 //
 // The core's rule (stream.inl produce_data): per burst, `olap` starts at
 // RS_OLAP_START_SIZE = 2048. With `left` bytes pending: if olap < left the chunk

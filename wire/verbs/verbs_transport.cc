@@ -1,5 +1,5 @@
 // The verbs transport: rdma_cm in the RDMA_PS_TCP port space and RC queue
-// pairs, set up exactly as rdma-core's rsocket does (rsocket-wire.md §1), so an
+// pairs, set up exactly as rdma-core's rsocket does (docs/wire-protocol.md §1), so an
 // unmodified rsocket peer sees nothing unusual. It executes the core's actions
 // and holds no protocol logic.
 #include "wire/verbs/verbs_transport.h"
