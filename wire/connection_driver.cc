@@ -188,7 +188,7 @@ bool ConnectionDriver::poll_cm() {
 
 void ConnectionDriver::on_cm_disconnect(int status) {
   // The in-band DISCONNECT may still sit in the completion queue: take it first,
-  // so a graceful close is not mistaken for a reset (§3.1, checklist 9).
+  // so a graceful close is not mistaken for a reset (§3.1, §9.9).
   poll_completions();
   core_.on_transport_closed(status);
 }
@@ -324,7 +324,7 @@ int next_valid_request(Listener &listener, std::unique_ptr<ConnectionRequest> *r
     const int rc = decode_conn_record((*request)->private_data(), (*request)->private_len(), peer, &why);
     if (rc == 0) return 1;
     if (sink) sink(owner, rc, record_error_text(why));
-    (*request)->reject();  // §1.5: a record we cannot take is rejected with no data
+    (*request)->reject();  // §1.5 step 3: a bad record is rejected with no data
     request->reset();
   }
 }
