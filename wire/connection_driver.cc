@@ -27,7 +27,7 @@ uint8_t *alloc_page_aligned(size_t size) {
 
 gs_status_t ConnectionDriver::setup(ConnectionRequest *request, const DriverConfig &config) {
   release();
-  const uint32_t rbuf_size = std::max<uint32_t>(config.rbuf_size & ~1u, 4096);
+  const uint32_t rbuf_size = receive_ring_size(config.rbuf_size);
   const uint32_t sbuf_size = std::max<uint32_t>(config.sbuf_size, 4096);
   owns_rings_ = config.rbuf == nullptr || config.sbuf == nullptr;
   rbuf_ = owns_rings_ ? alloc_page_aligned(rbuf_size) : static_cast<uint8_t *>(config.rbuf);

@@ -28,6 +28,13 @@ inline constexpr uint32_t kMetaTableBytes = kSglSize * kSglRecordSize;
 inline constexpr uint32_t kMetaBlockSize = 4096;
 static_assert(kMetaTableBytes + kQpCtrlSize * kSglRecordSize <= kMetaBlockSize, "the meta block holds both");
 
+// The receive ring a requested size becomes: even (it is advertised in
+// halves), at least a page, each half at most kMaxDataLength (§1.3).
+inline uint32_t receive_ring_size(uint32_t requested) {
+  const uint32_t even = requested & ~1u;
+  return even < 4096 ? 4096 : (even > 2 * kMaxDataLength ? 2 * kMaxDataLength : even);
+}
+
 // What a connection is sized to. The rings may be handed in (the proxy's
 // pools); null rings are allocated, page-aligned and zeroed, and freed by the
 // driver (the CPU socket).

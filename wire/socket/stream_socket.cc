@@ -137,7 +137,10 @@ int StreamSocket::listen(int backlog) {
   return 0;
 }
 
-wire::DriverConfig StreamSocket::driver_config() const {
+// Also makes the options say what the driver sizes the rings to (SO_RCVBUF).
+wire::DriverConfig StreamSocket::driver_config() {
+  options_.rbuf_size = receive_ring_size(options_.rbuf_size);
+  options_.sbuf_size = std::max<uint32_t>(options_.sbuf_size, 4096);
   wire::DriverConfig config;
   config.rbuf_size = options_.rbuf_size;
   config.sbuf_size = options_.sbuf_size;
@@ -165,8 +168,6 @@ int StreamSocket::connect(const sockaddr *addr, socklen_t len) {
   if (addr->sa_family != family_) return -EAFNOSUPPORT;
   std::memcpy(&peer_addr_, addr, len);
   peer_len_ = len;
-  options_.rbuf_size = std::max<uint32_t>(options_.rbuf_size & ~1u, 4096);  // what the driver sizes the rings to
-  options_.sbuf_size = std::max<uint32_t>(options_.sbuf_size, 4096);
   const int rc = conn_.connect(addr, len, driver_config());
   if (rc < 0) {
     if (rc == -ECONNREFUSED) return rc;

@@ -82,7 +82,7 @@ class StreamSocket {
   std::atomic<int> fd_refs{0};
 
  private:
-  wire::DriverConfig driver_config() const;
+  wire::DriverConfig driver_config();
   void adopt_driver_state_locked();
   int fail_locked(int err, const char *why);
   void note_error_locked(int err, const char *why);

@@ -4,6 +4,7 @@
 
 #include <vector>
 
+#include "wire/connection_driver.h"
 #include "wire/core/conn_record.h"
 #include "wire/core/stream.h"
 #include "wire/tests/harness.h"
@@ -307,3 +308,26 @@ TEST(ScaleCode, ValuesRoundToRepresentable) {
 
 }  // namespace
 }  // namespace gpusock::wire
+
+// The receive ring a socket asks for (SO_RCVBUF, GPUSOCK_MEM_DEFAULT) always
+// gives a record the peer accepts: even, a page at least, halves within
+// data_buf's limit.
+TEST(RingSize, RequestsBecomeRecordsThePeerAccepts) {
+  using gpusock::wire::receive_ring_size;
+  EXPECT_EQ(receive_ring_size(0), 4096u);
+  EXPECT_EQ(receive_ring_size(131073), 131072u);
+  EXPECT_EQ(receive_ring_size(1u << 30), 2 * gpusock::wire::kMaxDataLength);
+  EXPECT_EQ(receive_ring_size(~0u), 2 * gpusock::wire::kMaxDataLength);
+  for (uint32_t requested : {0u, 4095u, 65536u, (1u << 29) + 3, 1u << 30, ~0u}) {
+    gpusock::wire::ConnRecord r;
+    r.credits = 64;
+    r.target_sgl = {0x1000, 7, 2};
+    r.data_buf = {0x2000, 9, receive_ring_size(requested) / 2};
+    uint8_t bytes[gpusock::wire::kConnRecordSize];
+    gpusock::wire::encode_conn_record(r, bytes);
+    gpusock::wire::ConnRecord back;
+    gpusock::wire::RecordError why;
+    EXPECT_EQ(gpusock::wire::decode_conn_record(bytes, sizeof bytes, &back, &why), 0)
+        << requested << ": " << gpusock::wire::record_error_text(why);
+  }
+}
