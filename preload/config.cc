@@ -3,7 +3,9 @@
 // library reads its buffer and queue defaults from GPUSOCK_* variables when its
 // engine starts; the files are applied by setting those variables (unless the
 // environment already sets them) before the first socket is created.
-#include "preload/shim.h"
+#include "preload/config.h"
+
+#include "preload/libc.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -14,6 +16,7 @@
 #include <unistd.h>
 
 #include <cctype>
+#include <mutex>
 #include <string>
 
 namespace gpusock::preload {
