@@ -175,13 +175,8 @@ GS_EXPORT int fcntl(int fd, int cmd, ...) {
   return fcntl_common(fd, cmd, arg);
 }
 
-GS_EXPORT int fcntl64(int fd, int cmd, ...) {
-  va_list ap;
-  va_start(ap, cmd);
-  void *arg = va_arg(ap, void *);
-  va_end(ap);
-  return fcntl_common(fd, cmd, arg);
-}
+// The same function under its large-file name.
+GS_EXPORT int fcntl64(int fd, int cmd, ...) __attribute__((alias("fcntl")));
 
 // Kernel objects the transport makes for itself are remembered (fork).
 GS_EXPORT int socketpair(int domain, int type, int protocol, int sv[2]) {

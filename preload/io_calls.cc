@@ -27,9 +27,7 @@ ssize_t gs_input(int fd, int flags, F call) {
     Inside guard;
     return libc_result(call(flags));
   }
-  auto info = sock_info(fd);
-  const int64_t timeo = info ? info->rcvtimeo_us.load() : 0;
-  const auto deadline = deadline_for(timeo);
+  const CallLimit limit = call_limit(fd, true);
   if (flags & MSG_WAITALL) flags &= ~MSG_WAITALL;  // handled below by the caller's loop
   for (;;) {
     ssize_t r;
@@ -38,7 +36,7 @@ ssize_t gs_input(int fd, int flags, F call) {
       r = call(flags | MSG_DONTWAIT);
     }
     if (r != -EAGAIN) return libc_result(r);
-    const int w = blocking_wait(fd, POLLIN, deadline, timeo > 0);
+    const int w = blocking_wait(fd, POLLIN, limit);
     if (w < 0) return libc_result<ssize_t>(w);
   }
 }
@@ -102,9 +100,7 @@ ssize_t send_iov(int fd, const iovec *iov, int iovcnt, int flags) {
   } else {
     // A blocking send returns when everything is queued, or early (with the
     // count so far) on a signal, a timeout or an error.
-    auto info = sock_info(fd);
-    const int64_t timeo = info ? info->sndtimeo_us.load() : 0;
-    const auto deadline = deadline_for(timeo);
+    const CallLimit limit = call_limit(fd, false);
     const size_t total = iov_bytes(iov, iovcnt);
     size_t done = 0;
     for (;;) {
@@ -117,7 +113,7 @@ ssize_t send_iov(int fd, const iovec *iov, int iovcnt, int flags) {
       }
       if (r == 0 && total == 0) break;
       if (r != -EAGAIN) break;
-      const int w = blocking_wait(fd, POLLOUT, deadline, timeo > 0);
+      const int w = blocking_wait(fd, POLLOUT, limit);
       if (w < 0) {
         r = w;
         break;
@@ -128,6 +124,13 @@ ssize_t send_iov(int fd, const iovec *iov, int iovcnt, int flags) {
   // A write on a connection that can no longer send raises SIGPIPE, as TCP does.
   if (r == -EPIPE && !(flags & MSG_NOSIGNAL)) raise(SIGPIPE);
   return libc_result(r);
+}
+
+// readv/writev refuse an iovcnt the kernel would (EINVAL).
+bool bad_iovcnt(int iovcnt) {
+  if (iovcnt >= 0 && iovcnt <= IOV_MAX) return false;
+  errno = EINVAL;
+  return true;
 }
 
 }  // namespace
@@ -150,19 +153,13 @@ GS_EXPORT ssize_t write(int fd, const void *buf, size_t n) {
 
 GS_EXPORT ssize_t readv(int fd, const iovec *iov, int iovcnt) {
   if (t_inside || kind_of(fd) != kGs) return real().readv(fd, iov, iovcnt);
-  if (iovcnt < 0 || iovcnt > IOV_MAX) {
-    errno = EINVAL;
-    return -1;
-  }
+  if (bad_iovcnt(iovcnt)) return -1;
   return recv_iov(fd, iov, iovcnt, 0);
 }
 
 GS_EXPORT ssize_t writev(int fd, const iovec *iov, int iovcnt) {
   if (t_inside || kind_of(fd) != kGs) return real().writev(fd, iov, iovcnt);
-  if (iovcnt < 0 || iovcnt > IOV_MAX) {
-    errno = EINVAL;
-    return -1;
-  }
+  if (bad_iovcnt(iovcnt)) return -1;
   return send_iov(fd, iov, iovcnt, 0);
 }
 

@@ -87,10 +87,12 @@ GS_EXPORT int execveat(int dirfd, const char *path, char *const argv[], char *co
 
 namespace {
 
-std::vector<char *> collect_args(const char *arg0, va_list ap) {
+// execl's argument list up to its null pointer; ap stays usable after it
+// (execle's envp follows).
+std::vector<char *> collect_args(const char *arg0, va_list *ap) {
   std::vector<char *> v;
   v.push_back(const_cast<char *>(arg0));
-  while (v.back()) v.push_back(va_arg(ap, char *));
+  while (v.back()) v.push_back(va_arg(*ap, char *));
   return v;
 }
 
@@ -99,7 +101,7 @@ std::vector<char *> collect_args(const char *arg0, va_list ap) {
 GS_EXPORT int execl(const char *path, const char *arg, ...) {
   va_list ap;
   va_start(ap, arg);
-  auto v = collect_args(arg, ap);
+  auto v = collect_args(arg, &ap);
   va_end(ap);
   return execve(path, v.data(), environ);
 }
@@ -107,7 +109,7 @@ GS_EXPORT int execl(const char *path, const char *arg, ...) {
 GS_EXPORT int execlp(const char *file, const char *arg, ...) {
   va_list ap;
   va_start(ap, arg);
-  auto v = collect_args(arg, ap);
+  auto v = collect_args(arg, &ap);
   va_end(ap);
   return execvpe(file, v.data(), environ);
 }
@@ -115,9 +117,7 @@ GS_EXPORT int execlp(const char *file, const char *arg, ...) {
 GS_EXPORT int execle(const char *path, const char *arg, ...) {
   va_list ap;
   va_start(ap, arg);
-  std::vector<char *> v;
-  v.push_back(const_cast<char *>(arg));
-  while (v.back()) v.push_back(va_arg(ap, char *));
+  auto v = collect_args(arg, &ap);
   char *const *envp = va_arg(ap, char *const *);
   va_end(ap);
   return execve(path, v.data(), envp);

@@ -101,6 +101,10 @@ const char *transport_name() {
 
 // ------------------------------------------------------------------ the decision
 
+namespace {
+
+// Replaces the pending kernel socket fd by a gpusock socket on the same number.
+// Returns 0 or a negated errno (the kernel socket is then left as it was).
 int upgrade(int fd, const Pending &p) {
   const Real &R = real();
   const int fl = R.fcntl(fd, F_GETFL);
@@ -126,9 +130,30 @@ int upgrade(int fd, const Pending &p) {
   return 0;
 }
 
+}  // namespace
+
+int decide_pending(int fd, const Pending &p, uint16_t port, const std::string &what) {
+  if (!port_selected(port)) {
+    log(1, "fd %d: %s: kernel TCP (port not selected)", fd, what.c_str());
+    finalize_kernel(fd);
+    return 0;
+  }
+  if (int r = upgrade(fd, p); r < 0) {
+    errno = -r;
+    return -1;
+  }
+  return 1;
+}
+
 void finalize_kernel(int fd) {
   drop_pending(fd);
   epoll_forget_fd(fd);
+}
+
+void bind_recorded(int fd, const Pending &p) {
+  if (!p.bound_len) return;
+  Inside guard;
+  gs_bind(fd, reinterpret_cast<const sockaddr *>(&p.bound), p.bound_len);
 }
 
 void note_timeout(int fd, int name, const void *val, socklen_t len) {
@@ -142,8 +167,9 @@ void note_timeout(int fd, int name, const void *val, socklen_t len) {
 
 // ------------------------------------------------------------------ leaving the tables
 
-void drop_fd_state(int fd) {
-  switch (kind_of(fd)) {
+uint8_t drop_fd_state(int fd) {
+  const uint8_t kind = kind_of(fd);
+  switch (kind) {
     case kGs:
       epoll_forget_fd(fd);
       detach_gs_fd(fd);
@@ -161,16 +187,13 @@ void drop_fd_state(int fd) {
     default:
       break;
   }
+  return kind;
 }
 
 // If newfd is a gpusock socket the library must forget it without closing the
 // number, so the replacement stays atomic.
 void release_gs_target(int newfd) {
-  if (kind_of(newfd) != kGs) {
-    drop_fd_state(newfd);
-    return;
-  }
-  drop_fd_state(newfd);
+  if (drop_fd_state(newfd) != kGs) return;
   Inside guard;
   t_skip_close = newfd;
   gs_close(newfd);
@@ -178,27 +201,11 @@ void release_gs_target(int newfd) {
 }
 
 int close_fd(int fd) {
-  const Real &R = real();
-  switch (kind_of(fd)) {
-    case kGs: {
-      epoll_forget_fd(fd);
-      detach_gs_fd(fd);
-      Inside guard;
-      return libc_result(gs_close(fd));
-    }
-    case kPending:
-      finalize_kernel(fd);
-      return R.close(fd);
-    case kEpoll:
-      epoll_forget_epfd(fd);
-      set_kind(fd, kKernel);
-      return R.close(fd);
-    case kTransport:
-      set_kind(fd, kKernel);
-      return R.close(fd);
-    default:
-      return R.close(fd);
+  if (drop_fd_state(fd) == kGs) {
+    Inside guard;
+    return libc_result(gs_close(fd));
   }
+  return real().close(fd);
 }
 
 }  // namespace gpusock::preload

@@ -44,18 +44,25 @@ const char *transport_name();                                      // for the lo
 
 // ------------------------------------------------------------------ the decision
 
-// Replaces the pending kernel socket fd by a gpusock socket on the same number.
-// Returns 0 or a negated errno (the kernel socket is then left as it was).
-int upgrade(int fd, const Pending &p);
+// Decides a pending socket at bind, listen or connect by its port: an excluded
+// port leaves it the kernel's for good, a selected one upgrades it. `what`
+// names the call in the log. Returns 1 when fd is now a gpusock socket, 0 when
+// it stays the kernel's, -1 with errno when the upgrade failed (the kernel
+// socket is then left as it was).
+int decide_pending(int fd, const Pending &p, uint16_t port, const std::string &what);
 // The socket stays the kernel's for good (its port is excluded).
 void finalize_kernel(int fd);
+// The address a port-0 bind got from the kernel before the decision, bound
+// again on the gpusock socket so getsockname answers the same.
+void bind_recorded(int fd, const Pending &p);
 // SO_RCVTIMEO / SO_SNDTIMEO of a gpusock socket (the shim emulates them).
 void note_timeout(int fd, int name, const void *val, socklen_t len);
 
 // ------------------------------------------------------------------ leaving the tables
 
 // Clears the shim's state for fd before its number is replaced or closed.
-void drop_fd_state(int fd);
+// Returns the kind fd had.
+uint8_t drop_fd_state(int fd);
 // newfd is about to receive another file (dup2/dup3 with a kernel source).
 void release_gs_target(int newfd);
 // close() from the application (outside the guard).

@@ -7,6 +7,7 @@
 #include <gpusock/socket.h>
 
 #include <fcntl.h>
+#include <stdio.h>
 #include <string.h>
 
 #include <algorithm>
@@ -75,15 +76,9 @@ GS_EXPORT int bind(int fd, const sockaddr *addr, socklen_t len) {
     }
     return r;
   }
-  if (!port_selected(port)) {
-    log(1, "fd %d: bind %s: kernel TCP (port not selected)", fd, addr_text(addr, len).c_str());
-    finalize_kernel(fd);
-    return R.bind(fd, addr, len);
-  }
-  if (int r = upgrade(fd, p); r < 0) {
-    errno = -r;
-    return -1;
-  }
+  const int d = decide_pending(fd, p, port, "bind " + addr_text(addr, len));
+  if (d == 0) return R.bind(fd, addr, len);
+  if (d < 0) return -1;
   Inside guard;
   const int r = gs_bind(fd, addr, len);
   log(1, "fd %d: bind %s: gpusock (%s)%s", fd, addr_text(addr, len).c_str(), transport_name(), r < 0 ? " failed" : "");
@@ -99,19 +94,12 @@ GS_EXPORT int listen(int fd, int backlog) {
     if (!take_pending(fd, &p)) return R.listen(fd, backlog);
     uint16_t port = 0;
     if (p.bound_len) port_of(reinterpret_cast<sockaddr *>(&p.bound), p.bound_len, &port);
-    if (!port_selected(port)) {
-      log(1, "fd %d: listen on port %u: kernel TCP (port not selected)", fd, port);
-      finalize_kernel(fd);
-      return R.listen(fd, backlog);
-    }
-    if (int r = upgrade(fd, p); r < 0) {
-      errno = -r;
-      return -1;
-    }
-    if (p.bound_len) {
-      Inside guard;
-      gs_bind(fd, reinterpret_cast<sockaddr *>(&p.bound), p.bound_len);
-    }
+    char what[32];
+    snprintf(what, sizeof what, "listen on port %u", port);
+    const int d = decide_pending(fd, p, port, what);
+    if (d == 0) return R.listen(fd, backlog);
+    if (d < 0) return -1;
+    bind_recorded(fd, p);
     k = kGs;
   }
   if (k != kGs) return R.listen(fd, backlog);
@@ -145,19 +133,10 @@ GS_EXPORT int connect(int fd, const sockaddr *addr, socklen_t len) {
       finalize_kernel(fd);
       return R.connect(fd, addr, len);
     }
-    if (!port_selected(port)) {
-      log(1, "fd %d: connect %s: kernel TCP (port not selected)", fd, addr_text(addr, len).c_str());
-      finalize_kernel(fd);
-      return R.connect(fd, addr, len);
-    }
-    if (int r = upgrade(fd, p); r < 0) {
-      errno = -r;
-      return -1;
-    }
-    if (p.bound_len) {
-      Inside guard;
-      gs_bind(fd, reinterpret_cast<sockaddr *>(&p.bound), p.bound_len);
-    }
+    const int d = decide_pending(fd, p, port, "connect " + addr_text(addr, len));
+    if (d == 0) return R.connect(fd, addr, len);
+    if (d < 0) return -1;
+    bind_recorded(fd, p);
     log(1, "fd %d: connect %s via gpusock (%s)", fd, addr_text(addr, len).c_str(), transport_name());
     k = kGs;
   }
@@ -176,11 +155,9 @@ GS_EXPORT int connect(int fd, const sockaddr *addr, socklen_t len) {
     gs_fcntl(fd, F_SETFL, 0);
   }
   if (r != -EINPROGRESS && r != -EALREADY) return libc_result(r);
-  auto info = sock_info(fd);
-  const int64_t timeo = info ? info->sndtimeo_us.load() : 0;
-  const auto deadline = deadline_for(timeo);
+  const CallLimit limit = call_limit(fd, false);
   for (;;) {
-    const int w = blocking_wait(fd, POLLOUT, deadline, timeo > 0);
+    const int w = blocking_wait(fd, POLLOUT, limit);
     if (w == -EAGAIN) return libc_result(-EINPROGRESS);  // SO_SNDTIMEO expired, as the kernel reports it
     if (w < 0) return libc_result(w);
     Inside guard;
@@ -204,11 +181,9 @@ GS_EXPORT int accept4(int fd, sockaddr *addr, socklen_t *len, int flags) {
   }
   if (FdSlot *s = slot(fd)) s->rgen.fetch_add(1, std::memory_order_relaxed);
   if (!gs_nonblocking(fd)) {  // wait in the shim (signals), then take the connection
-    auto info = sock_info(fd);
-    const int64_t timeo = info ? info->rcvtimeo_us.load() : 0;
-    const auto deadline = deadline_for(timeo);
+    const CallLimit limit = call_limit(fd, true);
     int w;
-    while ((w = blocking_wait(fd, POLLIN, deadline, timeo > 0)) == 0) {
+    while ((w = blocking_wait(fd, POLLIN, limit)) == 0) {
     }
     if (w < 0) return libc_result(w);
   }

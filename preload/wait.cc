@@ -77,15 +77,17 @@ bool gs_nonblocking(int fd) {
   return fl >= 0 && (fl & O_NONBLOCK);
 }
 
-int blocking_wait(int fd, short events, Clock::time_point deadline, bool has_timeout) {
-  const unsigned before = t_signals;
-  const int w = wait_gs(fd, events, deadline);
-  if (w == -EINTR && !has_timeout && restart_after_eintr(before)) return 0;
-  return w < 0 ? w : 1;
+CallLimit call_limit(int fd, bool receive) {
+  auto info = sock_info(fd);
+  const int64_t timeo = info ? (receive ? info->rcvtimeo_us : info->sndtimeo_us).load() : 0;
+  return {timeo > 0 ? Clock::now() + std::chrono::microseconds(timeo) : Clock::time_point::max(), timeo > 0};
 }
 
-Clock::time_point deadline_for(int64_t timeo_us) {
-  return timeo_us > 0 ? Clock::now() + std::chrono::microseconds(timeo_us) : Clock::time_point::max();
+int blocking_wait(int fd, short events, const CallLimit &limit) {
+  const unsigned before = t_signals;
+  const int w = wait_gs(fd, events, limit.deadline);
+  if (w == -EINTR && !limit.has_timeout && restart_after_eintr(before)) return 0;
+  return w < 0 ? w : 1;
 }
 
 }  // namespace gpusock::preload

@@ -88,11 +88,18 @@ int emulated_poll(pollfd *fds, nfds_t nfds, const timespec *timeout, const sigse
 // ------------------------------------------------------------------ blocking calls
 
 bool gs_nonblocking(int fd);
-// When a blocking call with this SO_RCVTIMEO/SO_SNDTIMEO (0: none) gives up.
-Clock::time_point deadline_for(int64_t timeo_us);
+
+// When a blocking call on fd gives up: its SO_RCVTIMEO (a receive or accept)
+// or SO_SNDTIMEO (a send or connect), never when none is set.
+struct CallLimit {
+  Clock::time_point deadline;
+  bool has_timeout;
+};
+CallLimit call_limit(int fd, bool receive);
+
 // Waits for `events` on a blocking gpusock call: 1 ready, 0 a restarted
 // signal (wait again), < 0 the call's result. A handler that ran turns into
 // -EINTR unless it has SA_RESTART and no timeout is set (signal(7)).
-int blocking_wait(int fd, short events, Clock::time_point deadline, bool has_timeout);
+int blocking_wait(int fd, short events, const CallLimit &limit);
 
 }  // namespace gpusock::preload
