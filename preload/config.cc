@@ -3,7 +3,9 @@
 // library reads its buffer and queue defaults from GPUSOCK_* variables when its
 // engine starts; the files are applied by setting those variables (unless the
 // environment already sets them) before the first socket is created.
-#include "preload/shim.h"
+#include "preload/config.h"
+
+#include "preload/libc.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -14,6 +16,7 @@
 #include <unistd.h>
 
 #include <cctype>
+#include <mutex>
 #include <string>
 
 namespace gpusock::preload {
@@ -61,9 +64,13 @@ void apply_value_file(const std::string &dir, const char *file, const char *env,
   }
 }
 
-int parse_domain(const std::string &w) {
-  std::string s = w;
+std::string upper(std::string s) {
   for (auto &c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return s;
+}
+
+int parse_domain(const std::string &w) {
+  std::string s = upper(w);
   if (s == "*") return -1;
   if (s.rfind("AF_", 0) == 0 || s.rfind("PF_", 0) == 0) s = s.substr(3);
   if (s == "INET") return AF_INET;
@@ -73,8 +80,7 @@ int parse_domain(const std::string &w) {
 }
 
 int parse_type(const std::string &w) {
-  std::string s = w;
-  for (auto &c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  std::string s = upper(w);
   if (s == "*") return -1;
   if (s.rfind("SOCK_", 0) == 0) s = s.substr(5);
   if (s == "STREAM") return SOCK_STREAM;
@@ -83,8 +89,7 @@ int parse_type(const std::string &w) {
 }
 
 int parse_protocol(const std::string &w) {
-  std::string s = w;
-  for (auto &c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  std::string s = upper(w);
   if (s == "*") return -1;
   if (s.rfind("IPPROTO_", 0) == 0) s = s.substr(8);
   if (s == "TCP") return 6;

@@ -1,0 +1,124 @@
+// Top layer: the process-wide calls. The library's constructor; sigaction,
+// signal, bsd_signal and sysv_signal (handlers are wrapped, signals.h); fork
+// (relays, fork.h); the exec family (gpusock sockets are closed in order
+// first, fork.h).
+#include "preload/config.h"
+#include "preload/fork.h"
+#include "preload/signals.h"
+
+#include <stdarg.h>
+#include <unistd.h>
+
+#include <vector>
+
+extern char **environ;
+
+using namespace gpusock::preload;
+
+__attribute__((constructor)) static void gpusock_preload_init() {
+  init_config();
+  restore_hijacked_signals();
+}
+
+// ------------------------------------------------------------------ signals
+
+GS_EXPORT int sigaction(int sig, const struct sigaction *act, struct sigaction *old) {
+  return install_handler(sig, act, old);
+}
+
+// glibc's signal() has BSD semantics: SA_RESTART, the signal blocked in its handler.
+GS_EXPORT sighandler_t signal(int sig, sighandler_t handler) {
+  struct sigaction a {}, o{};
+  a.sa_handler = handler;
+  sigemptyset(&a.sa_mask);
+  if (sig > 0 && sig < _NSIG) sigaddset(&a.sa_mask, sig);
+  a.sa_flags = SA_RESTART;
+  if (sigaction(sig, &a, &o) < 0) return SIG_ERR;
+  return o.sa_handler;
+}
+
+GS_EXPORT sighandler_t bsd_signal(int sig, sighandler_t handler) { return signal(sig, handler); }
+
+GS_EXPORT sighandler_t sysv_signal(int sig, sighandler_t handler) {
+  struct sigaction a {}, o{};
+  a.sa_handler = handler;
+  sigemptyset(&a.sa_mask);
+  a.sa_flags = SA_RESETHAND | SA_NODEFER;
+  if (sigaction(sig, &a, &o) < 0) return SIG_ERR;
+  return o.sa_handler;
+}
+
+// ------------------------------------------------------------------ fork
+
+GS_EXPORT pid_t fork(void) {
+  if (t_inside) return real().fork();
+  return fork_with_relays();
+}
+
+// ------------------------------------------------------------------ exec family
+
+GS_EXPORT int execve(const char *path, char *const argv[], char *const envp[]) {
+  if (!t_inside) before_exec();
+  return real().execve(path, argv, envp);
+}
+
+GS_EXPORT int execv(const char *path, char *const argv[]) { return execve(path, argv, environ); }
+
+GS_EXPORT int execvpe(const char *file, char *const argv[], char *const envp[]) {
+  if (!t_inside) before_exec();
+  return real().execvpe(file, argv, envp);
+}
+
+GS_EXPORT int execvp(const char *file, char *const argv[]) { return execvpe(file, argv, environ); }
+
+GS_EXPORT int fexecve(int fd, char *const argv[], char *const envp[]) {
+  if (!t_inside) before_exec();
+  return real().fexecve(fd, argv, envp);
+}
+
+GS_EXPORT int execveat(int dirfd, const char *path, char *const argv[], char *const envp[], int flags) {
+  if (!real().execveat) {
+    errno = ENOSYS;
+    return -1;
+  }
+  if (!t_inside) before_exec();
+  return real().execveat(dirfd, path, argv, envp, flags);
+}
+
+namespace {
+
+// execl's argument list up to its null pointer; ap stays usable after it
+// (execle's envp follows).
+std::vector<char *> collect_args(const char *arg0, va_list *ap) {
+  std::vector<char *> v;
+  v.push_back(const_cast<char *>(arg0));
+  while (v.back()) v.push_back(va_arg(*ap, char *));
+  return v;
+}
+
+}  // namespace
+
+GS_EXPORT int execl(const char *path, const char *arg, ...) {
+  va_list ap;
+  va_start(ap, arg);
+  auto v = collect_args(arg, &ap);
+  va_end(ap);
+  return execve(path, v.data(), environ);
+}
+
+GS_EXPORT int execlp(const char *file, const char *arg, ...) {
+  va_list ap;
+  va_start(ap, arg);
+  auto v = collect_args(arg, &ap);
+  va_end(ap);
+  return execvpe(file, v.data(), environ);
+}
+
+GS_EXPORT int execle(const char *path, const char *arg, ...) {
+  va_list ap;
+  va_start(ap, arg);
+  auto v = collect_args(arg, &ap);
+  char *const *envp = va_arg(ap, char *const *);
+  va_end(ap);
+  return execve(path, v.data(), envp);
+}

@@ -1,0 +1,93 @@
+// Emulated waits over kernel fds and gpusock sockets, and the waits of
+// blocking gpusock calls (wait.h).
+#include "preload/wait.h"
+
+#include <gpusock/socket.h>
+
+#include <fcntl.h>
+
+#include <vector>
+
+namespace gpusock::preload {
+
+int emulated_poll(pollfd *fds, nfds_t nfds, const timespec *timeout, const sigset_t *sigmask) {
+  const Real &R = real();
+  std::vector<pollfd> gs, kern;
+  std::vector<nfds_t> gs_index, kern_index;
+  for (nfds_t i = 0; i < nfds; ++i) {
+    fds[i].revents = 0;
+    if (fds[i].fd < 0) continue;
+    if (is_gs(fds[i].fd)) {
+      if (fds[i].events & POLLIN) touch_read(fds[i].fd);
+      gs.push_back(fds[i]);
+      gs_index.push_back(i);
+    } else {
+      kern.push_back(fds[i]);
+      kern_index.push_back(i);
+    }
+  }
+  auto check = [&]() -> int {
+    int ready = 0;
+    if (!gs.empty()) {
+      Inside guard;
+      gs_poll(gs.data(), gs.size(), 0);
+      for (size_t k = 0; k < gs.size(); ++k)
+        if ((fds[gs_index[k]].revents = gs[k].revents)) ++ready;
+    }
+    if (!kern.empty()) {
+      const int n = R.poll(kern.data(), kern.size(), 0);
+      if (n < 0) return -1;
+      for (size_t k = 0; k < kern.size(); ++k)
+        if ((fds[kern_index[k]].revents = kern[k].revents)) ++ready;
+    }
+    return ready;
+  };
+  auto sleep = [&](const timespec *ts) -> int {
+    const int n = R.ppoll(kern.data(), kern.size(), ts, sigmask);
+    return n < 0 ? -1 : 0;
+  };
+  return wait_loop(timeout, check, sleep);
+}
+
+// ------------------------------------------------------------------ blocking calls
+
+namespace {
+
+// Waits for events on a gpusock fd until deadline (max(): none). Returns 0
+// when ready, -EAGAIN at the deadline, -EINTR when a signal handler ran.
+int wait_gs(int fd, short events, Clock::time_point deadline) {
+  pollfd p{fd, events, 0};
+  if (deadline == Clock::time_point::max()) {
+    const int n = emulated_poll(&p, 1, nullptr, nullptr);
+    return n < 0 ? -errno : 0;
+  }
+  const auto left = std::chrono::duration_cast<std::chrono::microseconds>(deadline - Clock::now()).count();
+  if (left <= 0) return -EAGAIN;
+  timespec ts{static_cast<time_t>(left / 1000000), static_cast<long>(left % 1000000) * 1000};
+  const int n = emulated_poll(&p, 1, &ts, nullptr);
+  if (n < 0) return -errno;
+  return n == 0 ? -EAGAIN : 0;
+}
+
+}  // namespace
+
+bool gs_nonblocking(int fd) {
+  Inside guard;
+  const int fl = gs_fcntl(fd, F_GETFL);
+  return fl >= 0 && (fl & O_NONBLOCK);
+}
+
+CallLimit call_limit(int fd, bool receive) {
+  auto info = sock_info(fd);
+  const int64_t timeo = info ? (receive ? info->rcvtimeo_us : info->sndtimeo_us).load() : 0;
+  return {timeo > 0 ? Clock::now() + std::chrono::microseconds(timeo) : Clock::time_point::max(), timeo > 0};
+}
+
+int blocking_wait(int fd, short events, const CallLimit &limit) {
+  const unsigned before = t_signals;
+  const int w = wait_gs(fd, events, limit.deadline);
+  if (w == -EINTR && !limit.has_timeout && restart_after_eintr(before)) return 0;
+  return w < 0 ? w : 1;
+}
+
+}  // namespace gpusock::preload

@@ -1,0 +1,105 @@
+// Waiting on a mix of kernel fds and gpusock sockets.
+//
+// A gpusock socket has no kernel object that becomes readable, so waits that
+// involve one are emulated: ask the library for the sockets' readiness (gs_poll
+// with a zero timeout) and the kernel for the other fds (timeout 0), spin for
+// GPUSOCK_BUSY_POLL_US, then sleep in ppoll() on the kernel fds (or the real
+// epoll fd) for 10 us doubling to 1 ms, so a kernel event ends the sleep at
+// once and a signal interrupts it with EINTR, as the kernel's own waits do.
+//
+// Blocking calls on gpusock sockets are made of non-blocking attempts and these
+// waits, never of the library's internal blocking wait: between two sleeps the
+// shim sees every signal handler that ran on this thread, so a signal can never
+// be lost in a spin, and SA_RESTART, SO_RCVTIMEO and SO_SNDTIMEO behave as on
+// a kernel socket.
+#pragma once
+
+#include "preload/config.h"
+#include "preload/fd_table.h"
+#include "preload/signals.h"
+
+#include <sched.h>
+#include <sys/prctl.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+
+namespace gpusock::preload {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr long kMaxSleepUs = 1000;
+
+inline timespec to_timespec(Clock::duration d) {
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(d).count();
+  if (ns <= 0) return {0, 0};
+  return {static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
+}
+
+// Shared waiting strategy. check() collects readiness (returns count or -1);
+// sleep(ts) blocks on the kernel side for at most ts (returns -1 with errno on
+// failure, EINTR included).
+template <class Check, class Sleep>
+int wait_loop(const timespec *timeout, Check check, Sleep sleep) {
+  const auto start = Clock::now();
+  const bool forever = timeout == nullptr;
+  const auto deadline =
+      forever ? Clock::time_point::max()
+              : start + std::chrono::seconds(timeout->tv_sec) + std::chrono::nanoseconds(timeout->tv_nsec);
+  const auto spin_until = start + std::chrono::microseconds(config().busy_poll_us);
+  const unsigned signals_before = t_signals;
+  long backoff_us = 10;
+  for (;;) {
+    const int n = check();
+    if (n != 0) return n;
+    if (!forever && timeout->tv_sec == 0 && timeout->tv_nsec == 0) return 0;
+    const auto now = Clock::now();
+    if (now >= deadline) return 0;
+    if (t_signals != signals_before) {  // a handler ran while we spun
+      errno = EINTR;
+      return -1;
+    }
+    if (now < spin_until) {
+      sched_yield();
+      continue;
+    }
+    auto nap = std::chrono::microseconds(backoff_us);
+    if (deadline - now < nap) nap = std::chrono::duration_cast<std::chrono::microseconds>(deadline - now) +
+                                    std::chrono::microseconds(1);
+    const timespec ts = to_timespec(nap);
+    static thread_local bool slack_set = false;
+    if (!slack_set) {
+      // The default 50 us timer slack would turn the first 10 us naps into
+      // 60 us ones, a latency floor for every wake-up from a sleep.
+      prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
+      slack_set = true;
+    }
+    if (sleep(&ts) < 0) return -1;
+    backoff_us = std::min(backoff_us * 2, kMaxSleepUs);
+  }
+}
+
+// Emulated multiplexing: poll over a mix of gpusock and kernel fds with a
+// timespec timeout (nullptr: forever) and an optional signal mask for the
+// sleeps. Returns the count, 0 on timeout, or -1 with errno.
+int emulated_poll(pollfd *fds, nfds_t nfds, const timespec *timeout, const sigset_t *sigmask);
+
+// ------------------------------------------------------------------ blocking calls
+
+bool gs_nonblocking(int fd);
+
+// When a blocking call on fd gives up: its SO_RCVTIMEO (a receive or accept)
+// or SO_SNDTIMEO (a send or connect), never when none is set.
+struct CallLimit {
+  Clock::time_point deadline;
+  bool has_timeout;
+};
+CallLimit call_limit(int fd, bool receive);
+
+// Waits for `events` on a blocking gpusock call: 1 ready, 0 a restarted
+// signal (wait again), < 0 the call's result. A handler that ran turns into
+// -EINTR unless it has SA_RESTART and no timeout is set (signal(7)).
+int blocking_wait(int fd, short events, const CallLimit &limit);
+
+}  // namespace gpusock::preload
