@@ -18,7 +18,7 @@ wire::DriverConfig Connection::config() const {
 
 // A refused connect reaches the GPU as the socket's error; only a peer cut off
 // after it connected (a protocol violation) is worth a line on stderr.
-void Connection::on_driver_error(void *self, int err, const char *why) {
+void Connection::on_driver_error(void *self, gs_status_t err, const char *why) {
   if (static_cast<Connection *>(self)->driver_.state() == DriverState::kConnected)
     std::fprintf(stderr, "gpusock proxy: closing connection: %s (%s)\n", why, gs_status_name(err));
 }

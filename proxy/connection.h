@@ -66,7 +66,7 @@ class Connection {
 
  private:
   wire::DriverConfig config() const;
-  static void on_driver_error(void *self, int err, const char *why);
+  static void on_driver_error(void *self, gs_status_t err, const char *why);
 
   BufferSet buffers_;
   wire::ConnectionDriver driver_;

@@ -116,7 +116,7 @@ void ConnectionDriver::release() {
   teardown_at_ = {};
 }
 
-void ConnectionDriver::fail(int err, const char *why) {
+void ConnectionDriver::fail(gs_status_t err, const char *why) {
   error_ = err;
   state_ = DriverState::kFailed;
   release();
@@ -186,7 +186,7 @@ bool ConnectionDriver::poll_cm() {
   return true;
 }
 
-void ConnectionDriver::on_cm_disconnect(int status) {
+void ConnectionDriver::on_cm_disconnect(gs_status_t status) {
   // The in-band DISCONNECT may still sit in the completion queue: take it first,
   // so a graceful close is not mistaken for a reset (§3.1, §9.9).
   poll_completions();

@@ -59,7 +59,7 @@ enum class DriverState : uint8_t {
 // How an owner hears why a connection failed or was cut off: a refused or
 // failed set-up (state kFailed), or a peer that broke the protocol (the core is
 // in kError and the transport is cut). `why` is static text.
-using ErrorSink = void (*)(void *owner, int err, const char *why);
+using ErrorSink = void (*)(void *owner, gs_status_t err, const char *why);
 
 class ConnectionDriver {
  public:
@@ -92,7 +92,7 @@ class ConnectionDriver {
   void release();
 
   DriverState state() const { return state_; }
-  int error() const { return error_; }  // kFailed: a negated errno
+  gs_status_t error() const { return error_; }  // kFailed: a negated errno
   Stream &core() { return core_; }
   const Stream &core() const { return core_; }
   Endpoint *endpoint() const { return endpoint_.get(); }
@@ -104,14 +104,14 @@ class ConnectionDriver {
   gs_status_t post_action(const Action &a);
   bool poll_cm();
   bool poll_completions();
-  void on_cm_disconnect(int status);
-  void fail(int err, const char *why);
+  void on_cm_disconnect(gs_status_t status);
+  void fail(gs_status_t err, const char *why);
 
   Domain *domain_;
   ErrorSink sink_;
   void *owner_;
   DriverState state_ = DriverState::kIdle;
-  int error_ = 0;
+  gs_status_t error_ = 0;
   bool established_ = false;  // the transport may carry writes
   bool owns_rings_ = false;
   DriverClock::time_point close_deadline_{};

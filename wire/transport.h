@@ -57,7 +57,7 @@ enum class CompletionKind : uint8_t {
 
 struct Completion {
   CompletionKind kind = CompletionKind::kWriteDone;
-  int status = 0;        // 0 or a negated errno (-EIO, -ECONNRESET, ...)
+  gs_status_t status = 0;  // 0 or a negated errno (-EIO, -ECONNRESET, ...)
   uint64_t token = 0;    // kWriteDone: the request's token
   uint32_t imm = 0;      // kRecvImm: host-order immediate
   uint32_t length = 0;   // kRecvImm: bytes placed by that write
@@ -74,7 +74,7 @@ enum class CmEventKind : uint8_t {
 
 struct CmEvent {
   CmEventKind kind = CmEventKind::kNone;
-  int status = 0;
+  gs_status_t status = 0;
   const char *reason = nullptr;  // static text explaining a failure, if the transport has one
   uint8_t peer_private_data[64] = {};
   uint32_t peer_private_len = 0;

@@ -77,7 +77,7 @@ GS_HD const char *record_error_text(RecordError e) {
 // Parses and validates the first 40 bytes; longer input (CM padding) is fine.
 // Returns 0, -EPROTONOSUPPORT (version), or -EPROTO (anything else malformed);
 // *why says which.
-GS_HD int decode_conn_record(const uint8_t *in, size_t len, ConnRecord *r, RecordError *why) {
+GS_HD gs_status_t decode_conn_record(const uint8_t *in, size_t len, ConnRecord *r, RecordError *why) {
   RecordError e = RecordError::kNone;
   if (len < kConnRecordSize) {
     e = RecordError::kTooShort;

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include <gpusock/hd.h>
+#include <gpusock/status.h>  // gs_status_t: >= 0 success, a negated errno on failure
 
 namespace gpusock::wire {
 

@@ -84,15 +84,15 @@ class Stream {
 
   // ---- events ----
   // The peer's record arrived (already validated by decode_conn_record).
-  GS_HD int on_established(const ConnRecord &peer);
+  GS_HD gs_status_t on_established(const ConnRecord &peer);
   // A write-with-immediate from the peer completed into our memory. Returns 0 or
   // a negated errno if the peer violated the protocol (the stream is then in
   // kError and must be torn down; nothing was or will be written out of bounds).
-  GS_HD int on_recv_imm(uint32_t imm, uint32_t length);
+  GS_HD gs_status_t on_recv_imm(uint32_t imm, uint32_t length);
   // One of our writes completed (status 0 or a negated errno).
-  GS_HD void on_write_done(uint64_t token, int status);
+  GS_HD void on_write_done(uint64_t token, gs_status_t status);
   // The transport reports the connection gone (CM disconnect, peer death).
-  GS_HD void on_transport_closed(int status);
+  GS_HD void on_transport_closed(gs_status_t status);
   // Ask for a keepalive write at the next opportunity (§3.2).
   GS_HD void request_keepalive() { keepalive_pending_ = true; }
 
@@ -114,7 +114,7 @@ class Stream {
   // ---- application: sending ----
   // 0 if the app may send, else -EPIPE (we shut down writing), -ECONNRESET (peer
   // gone), -ENOTCONN, or the stream's error.
-  GS_HD int send_status() const;
+  GS_HD gs_status_t send_status() const;
   // Contiguous free space at the tail of the send ring: offset and length.
   GS_HD uint32_t send_space(uint32_t *offset) const;
   GS_HD uint32_t send_free() const { return sbuf_size_ - static_cast<uint32_t>(send_tail_ - send_done_); }
@@ -147,7 +147,7 @@ class Stream {
 
   // ---- inspection ----
   GS_HD StreamState state() const { return state_; }
-  GS_HD int error() const { return error_; }
+  GS_HD gs_status_t error() const { return error_; }
   GS_HD const char *error_reason() const { return error_reason_; }
   GS_HD bool writable_dir() const { return writable_; }
   GS_HD bool readable_dir() const { return readable_; }
@@ -176,7 +176,7 @@ class Stream {
   GS_HD bool sq_has_room(bool control) const;
   GS_HD bool ctrl_credit_free() const { return (ctrl_outstanding_ + 1) * slots_per_msg_ <= kQpCtrlSize; }
   GS_HD const SglEntry *current_slot();
-  GS_HD int fail(int err, const char *why);
+  GS_HD gs_status_t fail(gs_status_t err, const char *why);
   GS_HD void set_disconnected();
 
   // configuration
@@ -195,7 +195,7 @@ class Stream {
   // state
   StreamState state_ = StreamState::kIdle;
   bool readable_ = true, writable_ = true;
-  int error_ = 0;
+  gs_status_t error_ = 0;
   const char *error_reason_ = nullptr;
   bool ctrl_pending_ = false;   // a SHUTDOWN/DISCONNECT must follow the queued data
   bool disconnect_sent_ = false;

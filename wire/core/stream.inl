@@ -29,7 +29,7 @@ GS_HD void Stream::init(const StreamConfig &config, const LocalLayout &layout, C
   our_record->data_buf = {layout.rbuf_remote_addr, layout.rbuf_rkey, half_};
 }
 
-GS_HD int Stream::on_established(const ConnRecord &peer) {
+GS_HD gs_status_t Stream::on_established(const ConnRecord &peer) {
   peer_table_ = peer.target_sgl;
   peer_ring_ = {peer.data_buf.addr, peer.data_buf.key, peer.data_buf.length * 2};
   peer_credits_ = peer.credits;
@@ -44,7 +44,7 @@ GS_HD int Stream::on_established(const ConnRecord &peer) {
   return 0;
 }
 
-GS_HD int Stream::fail(int err, const char *why) {
+GS_HD gs_status_t Stream::fail(gs_status_t err, const char *why) {
   if (state_ != StreamState::kError) {
     state_ = StreamState::kError;
     error_ = err;
@@ -57,7 +57,7 @@ GS_HD void Stream::set_disconnected() {
   if (state_ != StreamState::kError) state_ = StreamState::kDisconnected;
 }
 
-GS_HD int Stream::on_recv_imm(uint32_t imm, uint32_t /*length*/) {
+GS_HD gs_status_t Stream::on_recv_imm(uint32_t imm, uint32_t /*length*/) {
   if (state_ == StreamState::kError) return error_;
   if (state_ == StreamState::kConnected) ++recv_posts_owed_;  // that immediate used a receive
   const ImmOp op = imm_op(imm);
@@ -112,7 +112,7 @@ GS_HD int Stream::on_recv_imm(uint32_t imm, uint32_t /*length*/) {
   }
 }
 
-GS_HD void Stream::on_write_done(uint64_t token, int status) {
+GS_HD void Stream::on_write_done(uint64_t token, gs_status_t status) {
   if (token < wr_head_ || token >= wr_tail_) return;  // not ours, or already retired
   wr_[token % kMaxSendQueue].done = true;
   if (status != 0 && state_ == StreamState::kConnected)
@@ -129,7 +129,7 @@ GS_HD void Stream::on_write_done(uint64_t token, int status) {
   }
 }
 
-GS_HD void Stream::on_transport_closed(int status) {
+GS_HD void Stream::on_transport_closed(gs_status_t status) {
   if (state_ == StreamState::kConnected || state_ == StreamState::kIdle) {
     if (disconnect_sent_) set_disconnected();
     else fail(status < 0 ? status : -ECONNRESET, "connection lost without an in-band disconnect");
@@ -307,7 +307,7 @@ GS_HD void Stream::commit_action(const Action &a) {
   if (a.write_kind != WriteKind::kData) ++ctrl_outstanding_;
 }
 
-GS_HD int Stream::send_status() const {
+GS_HD gs_status_t Stream::send_status() const {
   if (state_ == StreamState::kError) return error_;
   if (!writable_) return -EPIPE;
   if (state_ == StreamState::kDisconnected) return -ECONNRESET;

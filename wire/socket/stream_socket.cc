@@ -89,7 +89,7 @@ void StreamSocket::note_error_locked(int err, const char *why) {
 }
 
 // The driver's failures (a refused connect, a hostile peer), with mu_ held.
-void StreamSocket::on_driver_error(void *self, int err, const char *why) {
+void StreamSocket::on_driver_error(void *self, gs_status_t err, const char *why) {
   Engine::get().log(1, "connection failed: %s (%s)", why, gs_status_name(err));
   static_cast<StreamSocket *>(self)->note_error_locked(err, why);
 }

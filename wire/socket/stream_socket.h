@@ -86,7 +86,7 @@ class StreamSocket {
   void adopt_driver_state_locked();
   int fail_locked(int err, const char *why);
   void note_error_locked(int err, const char *why);
-  static void on_driver_error(void *self, int err, const char *why);
+  static void on_driver_error(void *self, gs_status_t err, const char *why);
   int wait_connected_locked(std::unique_lock<std::mutex> &lock);
   int ready_for_data_locked(std::unique_lock<std::mutex> &lock, int flags);
   void keepalive_tick_locked();
