@@ -1,0 +1,162 @@
+// gpusock device API: the cooperative scopes a call runs in, a threadblock
+// (BlockScope) or one warp (WarpScope). Each gives its threads a rank, a size,
+// a leader (rank 0), a barrier, a broadcast of the leader's value and a count;
+// group_copy moves bytes with every thread of a scope.
+#ifndef GPUSOCK_GPU_SCOPE_CUH
+#define GPUSOCK_GPU_SCOPE_CUH
+
+#include <gpusock/gpu/host_backend.h>
+#include <gpusock/gpu/primitives.cuh>
+#include <gpusock/hd.h>
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <atomic>
+
+namespace gpusock {
+
+struct BlockScope {
+  GS_HD static unsigned rank() { return prim::thread_rank(); }
+  GS_HD static unsigned size() { return prim::block_dim(); }
+  GS_HD static bool leader() { return rank() == 0; }
+  GS_HD static void sync() { prim::sync_block(); }
+
+  // rank 0's value of v, in every thread.
+  template <class T>
+  GS_HD static T broadcast(const T &v) {
+    static_assert(sizeof(T) <= host::kScratchWords * 8, "broadcast up to 32 bytes");
+#if defined(__CUDA_ARCH__)
+    __shared__ unsigned long long scratch[host::kScratchWords];
+#else
+    unsigned long long *scratch = host::t_thread.block->scratch;
+#endif
+    if (leader()) memcpy(scratch, &v, sizeof(T));
+    sync();
+    T out;
+    memcpy(&out, scratch, sizeof(T));
+    sync();  // nobody overwrites the scratch before everyone has read it
+    return out;
+  }
+
+  // How many threads passed pred == true.
+  GS_HD static unsigned count(bool pred) {
+#if defined(__CUDA_ARCH__)
+    return static_cast<unsigned>(__syncthreads_count(pred));
+#else
+    std::atomic<unsigned> &counter = host::t_thread.block->counter;
+    if (leader()) counter.store(0, std::memory_order_relaxed);
+    sync();
+    if (pred) counter.fetch_add(1, std::memory_order_relaxed);
+    sync();
+    const unsigned n = counter.load(std::memory_order_relaxed);
+    sync();
+    return n;
+#endif
+  }
+};
+
+struct WarpScope {
+  GS_HD static unsigned rank() { return prim::lane(); }
+  GS_HD static unsigned size() { return prim::warp_size(); }
+  GS_HD static bool leader() { return rank() == 0; }
+  GS_HD static void sync() { prim::sync_warp(); }
+
+  template <class T>
+  GS_HD static T broadcast(const T &v) {
+    static_assert(sizeof(T) <= host::kScratchWords * 8, "broadcast up to 32 bytes");
+#if defined(__CUDA_ARCH__)
+    constexpr unsigned kWords = (sizeof(T) + 3) / 4;
+    unsigned words[kWords] = {};
+    memcpy(words, &v, sizeof(T));
+    for (unsigned i = 0; i < kWords; ++i) words[i] = __shfl_sync(0xffffffffu, words[i], 0);
+    T out;
+    memcpy(&out, words, sizeof(T));
+    return out;
+#else
+    unsigned long long *scratch =
+        host::t_thread.block->warp_scratch.get() + prim::warp_index() * host::kScratchWords;
+    if (leader()) memcpy(scratch, &v, sizeof(T));
+    sync();
+    T out;
+    memcpy(&out, scratch, sizeof(T));
+    sync();
+    return out;
+#endif
+  }
+
+  GS_HD static unsigned count(bool pred) {
+#if defined(__CUDA_ARCH__)
+    return static_cast<unsigned>(__popc(__ballot_sync(0xffffffffu, pred)));
+#else
+    std::atomic<unsigned> &counter = host::t_thread.block->warp_counters[prim::warp_index()];
+    if (leader()) counter.store(0, std::memory_order_relaxed);
+    sync();
+    if (pred) counter.fetch_add(1, std::memory_order_relaxed);
+    sync();
+    const unsigned n = counter.load(std::memory_order_relaxed);
+    sync();
+    return n;
+#endif
+  }
+};
+
+namespace detail {
+
+// Copies n bytes with every thread of the scope. On the GPU consecutive threads
+// take consecutive 16-byte words (coalesced); on the host each thread takes one
+// contiguous chunk (no false sharing).
+template <class S>
+GS_HD void group_copy(uint8_t *dst, const uint8_t *src, size_t n, bool src_is_ring) {
+  const unsigned r = S::rank(), k = S::size();
+#if defined(__CUDA_ARCH__)
+  size_t head = 0;
+  if (((reinterpret_cast<uintptr_t>(dst) ^ reinterpret_cast<uintptr_t>(src)) & 15) == 0) {
+    head = (16 - (reinterpret_cast<uintptr_t>(src) & 15)) & 15;
+    if (head > n) head = n;
+    const size_t words = (n - head) / 16;
+    const uint4 *s4 = reinterpret_cast<const uint4 *>(src + head);
+    uint4 *d4 = reinterpret_cast<uint4 *>(dst + head);
+    // Ring bytes are written by the NIC / the proxy's transport: load them
+    // uncached (__ldcv) so no stale line from an earlier lap is used.
+    // Four loads in flight per thread before the first store: host memory is
+    // a PCIe round trip away, and a store may alias the next load.
+    size_t i = r;
+    if (src_is_ring) {
+      for (; i + 3 * k < words; i += 4 * k) {
+        const uint4 a = __ldcv(s4 + i), b = __ldcv(s4 + i + k), e = __ldcv(s4 + i + 2 * k),
+                    f = __ldcv(s4 + i + 3 * k);
+        d4[i] = a;
+        d4[i + k] = b;
+        d4[i + 2 * k] = e;
+        d4[i + 3 * k] = f;
+      }
+      for (; i < words; i += k) d4[i] = __ldcv(s4 + i);
+    } else {
+      for (; i + 3 * k < words; i += 4 * k) {
+        const uint4 a = s4[i], b = s4[i + k], e = s4[i + 2 * k], f = s4[i + 3 * k];
+        d4[i] = a;
+        d4[i + k] = b;
+        d4[i + 2 * k] = e;
+        d4[i + 3 * k] = f;
+      }
+      for (; i < words; i += k) d4[i] = s4[i];
+    }
+    for (size_t i = r; i < head; i += k) dst[i] = src_is_ring ? __ldcv(src + i) : src[i];
+    for (size_t i = head + words * 16 + r; i < n; i += k) dst[i] = src_is_ring ? __ldcv(src + i) : src[i];
+  } else {
+    for (size_t i = r; i < n; i += k) dst[i] = src_is_ring ? __ldcv(src + i) : src[i];
+  }
+#else
+  (void)src_is_ring;
+  const size_t chunk = ((n + k - 1) / k + 63) & ~size_t(63);
+  const size_t begin = static_cast<size_t>(r) * chunk;
+  if (begin < n) memcpy(dst + begin, src + begin, (n - begin < chunk ? n - begin : chunk));
+#endif
+}
+
+}  // namespace detail
+}  // namespace gpusock
+
+#endif
