@@ -1,5 +1,5 @@
 // gpusock device API: the public calls (GPUnet's names), each in two
-// cooperative forms:
+// cooperative forms made from one declaration:
 //   gsend(ctx, ...)       threadblock: every thread of the block calls with the
 //                         same arguments; all threads move the data and all get
 //                         the result
@@ -21,76 +21,47 @@
 
 namespace gpusock {
 
-// ---------------------------------------------------------------- block calls
-// Every thread of the block calls with the same arguments; all get the result.
+// Defines `name`, the block form (detail::op<BlockScope>), and `name_warp`,
+// the warp form (detail::op<WarpScope>), both taking `params` (default
+// arguments included) and passing `args` on.
+#define GPUSOCK_BLOCK_AND_WARP_CALL(ret, name, op, params, args) \
+  GS_HD ret name params { return detail::op<BlockScope> args; }  \
+  GS_HD ret name##_warp params { return detail::op<WarpScope> args; }
 
-GS_HD int gsocket(const DeviceContext &c, int domain, int type, int protocol = 0) {
-  (void)protocol;
-  return detail::socket<BlockScope>(c, domain, type);
-}
-GS_HD int gbind(const DeviceContext &c, int s, const sockaddr *addr, socklen_t len) {
-  return detail::bind<BlockScope>(c, s, addr, len);
-}
-GS_HD int glisten(const DeviceContext &c, int s, int backlog) { return detail::listen<BlockScope>(c, s, backlog); }
+// protocol: ignored.
+GPUSOCK_BLOCK_AND_WARP_CALL(int, gsocket, socket, (const DeviceContext &c, int domain, int type, int /*protocol*/ = 0),
+                            (c, domain, type))
+GPUSOCK_BLOCK_AND_WARP_CALL(int, gbind, bind, (const DeviceContext &c, int s, const sockaddr *addr, socklen_t len),
+                            (c, s, addr, len))
+GPUSOCK_BLOCK_AND_WARP_CALL(int, glisten, listen, (const DeviceContext &c, int s, int backlog), (c, s, backlog))
 // flags: SOCK_NONBLOCK for the new socket. The listener's own mode decides
 // whether gaccept waits.
-GS_HD int gaccept(const DeviceContext &c, int s, int flags = 0, int timeout_ms = -1) {
-  return detail::accept<BlockScope>(c, s, flags, timeout_ms);
-}
-GS_HD int gconnect(const DeviceContext &c, int s, const sockaddr *addr, socklen_t len, int timeout_ms = -1) {
-  return detail::connect<BlockScope>(c, s, addr, len, timeout_ms);
-}
+GPUSOCK_BLOCK_AND_WARP_CALL(int, gaccept, accept, (const DeviceContext &c, int s, int flags = 0, int timeout_ms = -1),
+                            (c, s, flags, timeout_ms))
+GPUSOCK_BLOCK_AND_WARP_CALL(int, gconnect, connect,
+                            (const DeviceContext &c, int s, const sockaddr *addr, socklen_t len, int timeout_ms = -1),
+                            (c, s, addr, len, timeout_ms))
 // Blocking: returns once all len bytes are in the send ring. MSG_DONTWAIT:
 // what fits now, or -EAGAIN.
-GS_HD ssize_t gsend(const DeviceContext &c, int s, const void *buf, size_t len, int flags = 0,
-                     int timeout_ms = -1) {
-  return detail::send<BlockScope>(c, s, buf, len, flags, timeout_ms);
-}
+GPUSOCK_BLOCK_AND_WARP_CALL(ssize_t, gsend, send,
+                            (const DeviceContext &c, int s, const void *buf, size_t len, int flags = 0,
+                             int timeout_ms = -1),
+                            (c, s, buf, len, flags, timeout_ms))
 // What is available (at least 1 byte), 0 at EOF; MSG_WAITALL: all len bytes.
-GS_HD ssize_t grecv(const DeviceContext &c, int s, void *buf, size_t len, int flags = 0, int timeout_ms = -1) {
-  return detail::recv<BlockScope>(c, s, buf, len, flags, timeout_ms);
-}
-GS_HD int gshutdown(const DeviceContext &c, int s, int how) { return detail::shutdown<BlockScope>(c, s, how); }
-GS_HD int gclose(const DeviceContext &c, int s) { return detail::close<BlockScope>(c, s); }
-// Threads of the block share the fds; returns how many have revents, 0 on timeout.
-GS_HD int gpoll(const DeviceContext &c, gpollfd *fds, int nfds, int timeout_ms) {
-  return detail::poll<BlockScope>(c, fds, nfds, timeout_ms);
-}
-GS_HD bool gshould_stop(const DeviceContext &c) { return detail::should_stop<BlockScope>(c); }
-GS_HD int gnop(const DeviceContext &c, int s) { return detail::nop<BlockScope>(c, s); }
+GPUSOCK_BLOCK_AND_WARP_CALL(ssize_t, grecv, recv,
+                            (const DeviceContext &c, int s, void *buf, size_t len, int flags = 0, int timeout_ms = -1),
+                            (c, s, buf, len, flags, timeout_ms))
+GPUSOCK_BLOCK_AND_WARP_CALL(int, gshutdown, shutdown, (const DeviceContext &c, int s, int how), (c, s, how))
+GPUSOCK_BLOCK_AND_WARP_CALL(int, gclose, close, (const DeviceContext &c, int s), (c, s))
+// Threads of the scope share the fds; returns how many have revents, 0 on timeout.
+GPUSOCK_BLOCK_AND_WARP_CALL(int, gpoll, poll, (const DeviceContext &c, gpollfd *fds, int nfds, int timeout_ms),
+                            (c, fds, nfds, timeout_ms))
+// True once the host called Proxy::request_kernel_stop().
+GPUSOCK_BLOCK_AND_WARP_CALL(bool, gshould_stop, should_stop, (const DeviceContext &c), (c))
+// A request the proxy answers at once: one doorbell round trip.
+GPUSOCK_BLOCK_AND_WARP_CALL(int, gnop, nop, (const DeviceContext &c, int s), (c, s))
 
-// ---------------------------------------------------------------- warp calls
-// Every lane of one warp calls with the same arguments.
-
-GS_HD int gsocket_warp(const DeviceContext &c, int domain, int type, int protocol = 0) {
-  (void)protocol;
-  return detail::socket<WarpScope>(c, domain, type);
-}
-GS_HD int gbind_warp(const DeviceContext &c, int s, const sockaddr *addr, socklen_t len) {
-  return detail::bind<WarpScope>(c, s, addr, len);
-}
-GS_HD int glisten_warp(const DeviceContext &c, int s, int backlog) { return detail::listen<WarpScope>(c, s, backlog); }
-GS_HD int gaccept_warp(const DeviceContext &c, int s, int flags = 0, int timeout_ms = -1) {
-  return detail::accept<WarpScope>(c, s, flags, timeout_ms);
-}
-GS_HD int gconnect_warp(const DeviceContext &c, int s, const sockaddr *addr, socklen_t len, int timeout_ms = -1) {
-  return detail::connect<WarpScope>(c, s, addr, len, timeout_ms);
-}
-GS_HD ssize_t gsend_warp(const DeviceContext &c, int s, const void *buf, size_t len, int flags = 0,
-                          int timeout_ms = -1) {
-  return detail::send<WarpScope>(c, s, buf, len, flags, timeout_ms);
-}
-GS_HD ssize_t grecv_warp(const DeviceContext &c, int s, void *buf, size_t len, int flags = 0,
-                          int timeout_ms = -1) {
-  return detail::recv<WarpScope>(c, s, buf, len, flags, timeout_ms);
-}
-GS_HD int gshutdown_warp(const DeviceContext &c, int s, int how) { return detail::shutdown<WarpScope>(c, s, how); }
-GS_HD int gclose_warp(const DeviceContext &c, int s) { return detail::close<WarpScope>(c, s); }
-GS_HD int gpoll_warp(const DeviceContext &c, gpollfd *fds, int nfds, int timeout_ms) {
-  return detail::poll<WarpScope>(c, fds, nfds, timeout_ms);
-}
-GS_HD bool gshould_stop_warp(const DeviceContext &c) { return detail::should_stop<WarpScope>(c); }
-GS_HD int gnop_warp(const DeviceContext &c, int s) { return detail::nop<WarpScope>(c, s); }
+#undef GPUSOCK_BLOCK_AND_WARP_CALL
 
 }  // namespace gpusock
 
