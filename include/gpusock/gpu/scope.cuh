@@ -16,6 +16,37 @@
 #include <atomic>
 
 namespace gpusock {
+namespace detail {
+
+// The leader's value of v in every thread of scope S, through scratch memory
+// the scope shares.
+template <class S, class T>
+GS_HD T broadcast_via(unsigned long long *scratch, const T &v) {
+  static_assert(sizeof(T) <= host::kScratchWords * 8, "broadcast up to 32 bytes");
+  if (S::leader()) memcpy(scratch, &v, sizeof(T));
+  S::sync();
+  T out;
+  memcpy(&out, scratch, sizeof(T));
+  S::sync();  // nobody overwrites the scratch before everyone has read it
+  return out;
+}
+
+#if !defined(__CUDA_ARCH__)
+// Host backend: how many threads of scope S passed pred == true, through a
+// counter the scope shares.
+template <class S>
+inline unsigned count_via(std::atomic<unsigned> &counter, bool pred) {
+  if (S::leader()) counter.store(0, std::memory_order_relaxed);
+  S::sync();
+  if (pred) counter.fetch_add(1, std::memory_order_relaxed);
+  S::sync();
+  const unsigned n = counter.load(std::memory_order_relaxed);
+  S::sync();
+  return n;
+}
+#endif
+
+}  // namespace detail
 
 struct BlockScope {
   GS_HD static unsigned rank() { return prim::thread_rank(); }
@@ -26,18 +57,12 @@ struct BlockScope {
   // rank 0's value of v, in every thread.
   template <class T>
   GS_HD static T broadcast(const T &v) {
-    static_assert(sizeof(T) <= host::kScratchWords * 8, "broadcast up to 32 bytes");
 #if defined(__CUDA_ARCH__)
     __shared__ unsigned long long scratch[host::kScratchWords];
 #else
     unsigned long long *scratch = host::t_thread.block->scratch;
 #endif
-    if (leader()) memcpy(scratch, &v, sizeof(T));
-    sync();
-    T out;
-    memcpy(&out, scratch, sizeof(T));
-    sync();  // nobody overwrites the scratch before everyone has read it
-    return out;
+    return detail::broadcast_via<BlockScope>(scratch, v);
   }
 
   // How many threads passed pred == true.
@@ -45,14 +70,7 @@ struct BlockScope {
 #if defined(__CUDA_ARCH__)
     return static_cast<unsigned>(__syncthreads_count(pred));
 #else
-    std::atomic<unsigned> &counter = host::t_thread.block->counter;
-    if (leader()) counter.store(0, std::memory_order_relaxed);
-    sync();
-    if (pred) counter.fetch_add(1, std::memory_order_relaxed);
-    sync();
-    const unsigned n = counter.load(std::memory_order_relaxed);
-    sync();
-    return n;
+    return detail::count_via<BlockScope>(host::t_thread.block->counter, pred);
 #endif
   }
 };
@@ -65,8 +83,8 @@ struct WarpScope {
 
   template <class T>
   GS_HD static T broadcast(const T &v) {
-    static_assert(sizeof(T) <= host::kScratchWords * 8, "broadcast up to 32 bytes");
 #if defined(__CUDA_ARCH__)
+    static_assert(sizeof(T) <= host::kScratchWords * 8, "broadcast up to 32 bytes");
     constexpr unsigned kWords = (sizeof(T) + 3) / 4;
     unsigned words[kWords] = {};
     memcpy(words, &v, sizeof(T));
@@ -75,14 +93,8 @@ struct WarpScope {
     memcpy(&out, words, sizeof(T));
     return out;
 #else
-    unsigned long long *scratch =
-        host::t_thread.block->warp_scratch.get() + prim::warp_index() * host::kScratchWords;
-    if (leader()) memcpy(scratch, &v, sizeof(T));
-    sync();
-    T out;
-    memcpy(&out, scratch, sizeof(T));
-    sync();
-    return out;
+    return detail::broadcast_via<WarpScope>(
+        host::t_thread.block->warp_scratch.get() + prim::warp_index() * host::kScratchWords, v);
 #endif
   }
 
@@ -90,14 +102,7 @@ struct WarpScope {
 #if defined(__CUDA_ARCH__)
     return static_cast<unsigned>(__popc(__ballot_sync(0xffffffffu, pred)));
 #else
-    std::atomic<unsigned> &counter = host::t_thread.block->warp_counters[prim::warp_index()];
-    if (leader()) counter.store(0, std::memory_order_relaxed);
-    sync();
-    if (pred) counter.fetch_add(1, std::memory_order_relaxed);
-    sync();
-    const unsigned n = counter.load(std::memory_order_relaxed);
-    sync();
-    return n;
+    return detail::count_via<WarpScope>(host::t_thread.block->warp_counters[prim::warp_index()], pred);
 #endif
   }
 };
