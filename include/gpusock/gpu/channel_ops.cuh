@@ -13,6 +13,8 @@
 
 #include <errno.h>
 #include <stdint.h>
+#include <string.h>
+#include <sys/socket.h>
 
 namespace gpusock {
 
@@ -62,6 +64,25 @@ GS_HD void reread_counters(const SocketStatus *st, StatusView *v) {
 
 GS_HD uint64_t deadline_after(int timeout_ms) {
   return timeout_ms < 0 ? ~uint64_t(0) : prim::now_ns() + static_cast<uint64_t>(timeout_ms) * 1000000ull;
+}
+
+// The end of one round of a leader's wait for the proxy: 0 after a pause (poll
+// again), or why the wait is over: would_block for a call that must not wait
+// (MSG_DONTWAIT, a non-blocking socket), -ESHUTDOWN once the host asked
+// kernels to stop, -ETIMEDOUT past the deadline.
+GS_HD int wait_more(const DeviceContext &c, prim::Backoff &backoff, bool dontwait, uint64_t deadline,
+                    int would_block = -EAGAIN) {
+  if (dontwait) return would_block;
+  if (backoff.stop_check_due() && stop_requested(c)) return -ESHUTDOWN;
+  if (prim::now_ns() >= deadline) return -ETIMEDOUT;
+  backoff.pause();
+  return 0;
+}
+
+// The error behind kStFailed / kStError, or `otherwise` when the proxy gave none.
+GS_HD int status_error(const SocketStatus *st, int otherwise) {
+  const int err = prim::load_acquire(&st->error);
+  return err < 0 ? err : otherwise;
 }
 
 // Leader only. Takes a ticket, waits for room on the ring (back-pressure: the
@@ -159,6 +180,28 @@ GS_HD int claim_slot(const DeviceContext &c, bool nonblocking) {
 GS_HD int open_socket(const DeviceContext &c, int s) {
   if (!valid_slot(c, s) || !(c.sockets[s].flags & kDevOpen)) return -EBADF;
   return 0;
+}
+
+// MSG_DONTWAIT, or a non-blocking socket: calls on s must not wait.
+GS_HD bool must_not_wait(const DeviceContext &c, int s, int flags) {
+  return (flags & MSG_DONTWAIT) || (valid_slot(c, s) && (c.sockets[s].flags & kDevNonblocking));
+}
+
+// Leader: a request on s with arg0 that the proxy answers, and its result.
+GS_HD int control_with_arg(const DeviceContext &c, int s, uint32_t op, int32_t arg0) {
+  Request r = make_request(c, s, op);
+  r.arg0 = arg0;
+  return control(c, s, r);
+}
+
+// Leader: a request on s with an address (bind, connect) that the proxy
+// answers, and its result; -EINVAL for what cannot be an address.
+GS_HD int control_with_address(const DeviceContext &c, int s, uint32_t op, const sockaddr *addr, socklen_t len) {
+  if (addr == nullptr || len < sizeof(sa_family_t) || len > kMaxAddrLen) return -EINVAL;
+  Request r = make_request(c, s, op);
+  r.addr_len = static_cast<uint32_t>(len);
+  memcpy(r.addr, addr, len);
+  return control(c, s, r);
 }
 
 }  // namespace detail

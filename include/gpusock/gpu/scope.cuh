@@ -109,6 +109,15 @@ struct WarpScope {
 
 namespace detail {
 
+// The leader runs leader_part (the scope's talk with the proxy); every thread
+// of the scope gets its result.
+template <class S, class F>
+GS_HD auto on_leader(const F &leader_part) {
+  decltype(leader_part()) result{};
+  if (S::leader()) result = leader_part();
+  return S::broadcast(result);
+}
+
 // Copies n bytes with every thread of the scope. On the GPU consecutive threads
 // take consecutive 16-byte words (coalesced); on the host each thread takes one
 // contiguous chunk (no false sharing).

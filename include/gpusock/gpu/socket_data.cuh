@@ -34,15 +34,27 @@ struct Plan {
   uint64_t ring;    // ring base (a GPU pointer)
 };
 
+// A plan that moves nothing: the call's result.
+GS_HD Plan plan_result(int64_t result) { return Plan{result, 0, 0}; }
+
+// The plan for moving up to `want` bytes at absolute position `pos` of buffer
+// set `buffer`'s ring (ring_size bytes each, from `rings`) when `avail` bytes
+// there may be moved: never past the ring's end.
+GS_HD Plan ring_plan(const uint8_t *rings, uint32_t ring_size, uint32_t buffer, uint64_t pos, uint64_t avail,
+                     size_t want) {
+  const uint64_t offset = pos % ring_size;
+  uint64_t n = avail;
+  if (n > ring_size - offset) n = ring_size - offset;
+  if (n > want) n = want;
+  return Plan{static_cast<int64_t>(n), offset,
+              reinterpret_cast<uint64_t>(rings + static_cast<size_t>(buffer) * ring_size)};
+}
+
 // Leader: how much may be read now, or the result if nothing can be.
 GS_HD Plan recv_plan(const DeviceContext &c, int s, size_t want, bool dontwait, uint64_t deadline) {
-  Plan p{0, 0, 0};
-  if (int rc = open_socket(c, s); rc < 0) {
-    p.n = rc;
-    return p;
-  }
+  if (const int rc = open_socket(c, s); rc < 0) return plan_result(rc);
   DeviceSocket &d = c.sockets[s];
-  if (d.flags & kDevShutRd) return p;  // 0: EOF after our own SHUT_RD
+  if (d.flags & kDevShutRd) return plan_result(0);  // EOF after our own SHUT_RD
   const SocketStatus *st = c.status + s;
   prim::Backoff backoff;
   for (;;) {
@@ -54,31 +66,12 @@ GS_HD Plan recv_plan(const DeviceContext &c, int s, size_t want, bool dontwait, 
       reread_counters(st, &v);  // counters are published before the state bits
     }
     const uint64_t written = v.recv_write;
-    if (written > d.recv_read) {
-      const uint64_t offset = d.recv_read % c.rbuf_size;
-      uint64_t n = written - d.recv_read;
-      if (n > c.rbuf_size - offset) n = c.rbuf_size - offset;
-      if (n > want) n = want;
-      p.n = static_cast<int64_t>(n);
-      p.offset = offset;
-      p.ring = reinterpret_cast<uint64_t>(c.rbufs + static_cast<size_t>(d.buffer) * c.rbuf_size);
-      return p;
-    }
-    if (state & (kStError | kStFailed)) {
-      const int err = prim::load_acquire(&st->error);
-      p.n = err < 0 ? err : -ECONNRESET;
-      return p;
-    }
-    if (state & (kStRecvClosed | kStHangup)) return p;  // EOF
-    if (!(state & kStConnected) && !(d.flags & kDevConnecting)) {
-      p.n = -ENOTCONN;
-      return p;
-    }
-    if (dontwait) p.n = -EAGAIN;
-    else if (backoff.stop_check_due() && stop_requested(c)) p.n = -ESHUTDOWN;
-    else if (prim::now_ns() >= deadline) p.n = -ETIMEDOUT;
-    if (p.n < 0) return p;
-    backoff.pause();
+    if (written > d.recv_read)
+      return ring_plan(c.rbufs, c.rbuf_size, d.buffer, d.recv_read, written - d.recv_read, want);
+    if (state & (kStError | kStFailed)) return plan_result(status_error(st, -ECONNRESET));
+    if (state & (kStRecvClosed | kStHangup)) return plan_result(0);  // EOF
+    if (!(state & kStConnected) && !(d.flags & kDevConnecting)) return plan_result(-ENOTCONN);
+    if (const int rc = wait_more(c, backoff, dontwait, deadline); rc < 0) return plan_result(rc);
   }
 }
 
@@ -86,7 +79,7 @@ template <class S>
 GS_HD ssize_t recv(const DeviceContext &c, int s, void *buf, size_t len, int flags, int timeout_ms) {
   const bool waitall = (flags & MSG_WAITALL) != 0;
   const uint64_t deadline = S::leader() ? deadline_after(timeout_ms) : 0;  // only the leader waits
-  const bool dontwait = (flags & MSG_DONTWAIT) || (valid_slot(c, s) && (c.sockets[s].flags & kDevNonblocking));
+  const bool dontwait = must_not_wait(c, s, flags);
   size_t done = 0;
   while (done < len) {
     Plan p{};
@@ -111,80 +104,55 @@ GS_HD ssize_t recv(const DeviceContext &c, int s, void *buf, size_t len, int fla
   return static_cast<ssize_t>(done);
 }
 
+// Leader: whether the send ring has room with the transport done with what
+// precedes send_done (and, for MSG_DONTWAIT, the request ring has room for the
+// request that follows); if so, where the next bytes go.
+GS_HD bool send_room(const DeviceContext &c, const DeviceSocket &d, uint64_t send_done, size_t want, bool dontwait,
+                     Plan *p) {
+  const uint64_t used = d.send_tail - send_done;
+  if (used >= c.sbuf_size || (dontwait && !ring_has_room(c))) return false;
+  *p = ring_plan(c.sbufs, c.sbuf_size, d.buffer, d.send_tail, c.sbuf_size - used, want);
+  return true;
+}
+
 // Leader: where the next bytes may go into the send ring, or the result.
 GS_HD Plan send_plan(const DeviceContext &c, int s, size_t want, bool dontwait, uint64_t deadline) {
-  Plan p{0, 0, 0};
-  if (int rc = open_socket(c, s); rc < 0) {
-    p.n = rc;
-    return p;
-  }
+  if (const int rc = open_socket(c, s); rc < 0) return plan_result(rc);
   DeviceSocket &d = c.sockets[s];
-  if (d.flags & kDevShutWr) {
-    p.n = -EPIPE;
-    return p;
-  }
+  if (d.flags & kDevShutWr) return plan_result(-EPIPE);
   // Fast path: room known from an earlier look at send_done (which only grows)
   // needs no PCIe round trip. Errors then show once the ring fills, as with a
   // TCP send buffer.
-  if (d.flags & kDevConnectedSeen) {
-    const uint64_t used = d.send_tail - d.send_done_seen;
-    if (used < c.sbuf_size && (!dontwait || ring_has_room(c))) {
-      const uint64_t offset = d.send_tail % c.sbuf_size;
-      uint64_t n = c.sbuf_size - used;
-      if (n > c.sbuf_size - offset) n = c.sbuf_size - offset;
-      if (n > want) n = want;
-      p.n = static_cast<int64_t>(n);
-      p.offset = offset;
-      p.ring = reinterpret_cast<uint64_t>(c.sbufs + static_cast<size_t>(d.buffer) * c.sbuf_size);
-      return p;
-    }
-  }
+  Plan p{};
+  if ((d.flags & kDevConnectedSeen) && send_room(c, d, d.send_done_seen, want, dontwait, &p)) return p;
   const SocketStatus *st = c.status + s;
   prim::Backoff backoff;
   for (;;) {
     const StatusView v = read_status(c, st);
     const uint32_t state = v.state;
-    if (v.send_error < 0) {
-      p.n = v.send_error;
-      return p;
-    }
+    if (v.send_error < 0) return plan_result(v.send_error);
     if (state & (kStError | kStFailed)) {
       prim::fence_acquire();
-      const int err = prim::load_acquire(&st->error);
-      p.n = err < 0 ? err : -ECONNRESET;
-      return p;
+      return plan_result(status_error(st, -ECONNRESET));
     }
     if (state & kStConnected) {
-      const uint64_t used = d.send_tail - v.send_done;
-      if (used < c.sbuf_size && (!dontwait || ring_has_room(c))) {
+      if (send_room(c, d, v.send_done, want, dontwait, &p)) {
         // send_done was an acquire: the transport is done with that space.
         d.send_done_seen = v.send_done;
         d.flags |= kDevConnectedSeen;
-        const uint64_t offset = d.send_tail % c.sbuf_size;
-        uint64_t n = c.sbuf_size - used;
-        if (n > c.sbuf_size - offset) n = c.sbuf_size - offset;
-        if (n > want) n = want;
-        p.n = static_cast<int64_t>(n);
-        p.offset = offset;
-        p.ring = reinterpret_cast<uint64_t>(c.sbufs + static_cast<size_t>(d.buffer) * c.sbuf_size);
         return p;
       }
     } else if (!(d.flags & kDevConnecting)) {
-      p.n = -ENOTCONN;
-      return p;
+      return plan_result(-ENOTCONN);
     }
-    if (dontwait) p.n = -EAGAIN;
-    else if (backoff.stop_check_due() && stop_requested(c)) p.n = -ESHUTDOWN;
-    else if (prim::now_ns() >= deadline) p.n = -ETIMEDOUT;
-    if (p.n < 0) return p;
-    backoff.pause();
+    if (const int rc = wait_more(c, backoff, dontwait, deadline); rc < 0) return plan_result(rc);
   }
 }
 
 template <class S>
 GS_HD ssize_t send(const DeviceContext &c, int s, const void *buf, size_t len, int flags, int timeout_ms) {
   const uint64_t deadline = S::leader() ? deadline_after(timeout_ms) : 0;  // only the leader waits
-  const bool dontwait = (flags & MSG_DONTWAIT) || (valid_slot(c, s) && (c.sockets[s].flags & kDevNonblocking));
+  const bool dontwait = must_not_wait(c, s, flags);
   size_t done = 0;
   do {
     Plan p{};
