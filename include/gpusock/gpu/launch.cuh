@@ -14,6 +14,7 @@
 
 #include <cstdio>
 #include <memory>
+#include <type_traits>
 #if defined(__CUDACC__)
 #include <cuda_runtime.h>
 #endif
@@ -53,12 +54,10 @@ __global__ void gpusock_kernel_entry(F kernel) {
 #endif
 
 // A running grid. The functor is copied by value (as a kernel parameter) and
-// needs a GS_HD operator()() const.
+// needs a GS_HD operator()() const. Neither copied nor moved: it owns the
+// running host threads (its HostGrid is not copyable) or the CUDA stream.
 class Grid {
  public:
-  Grid() = default;
-  Grid(const Grid &) = delete;
-  Grid &operator=(const Grid &) = delete;
   ~Grid() { wait(); }
 
   template <class F>
@@ -110,6 +109,9 @@ class Grid {
   bool running_ = false;
 #endif
 };
+static_assert(!std::is_copy_constructible_v<Grid> && !std::is_copy_assignable_v<Grid> &&
+                  !std::is_move_constructible_v<Grid>,
+              "a Grid owns what runs");
 
 #if defined(__CUDACC__)
 // Memory for a proxy serving a real GPU: host-mapped pinned memory (the GPU

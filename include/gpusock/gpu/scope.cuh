@@ -1,7 +1,8 @@
 // gpusock device API: the cooperative scopes a call runs in, a threadblock
-// (BlockScope) or one warp (WarpScope). Each gives its threads a rank, a size,
-// a leader (rank 0), a barrier, a broadcast of the leader's value and a count;
-// group_copy moves bytes with every thread of a scope.
+// (BlockScope) or one warp (WarpScope), both a CooperativeScope: their
+// threads' ranks, size, leader (rank 0), barrier, a broadcast of the leader's
+// value and a count. on_leader runs the leader's part of a call; group_copy
+// moves bytes with every thread of a scope.
 #ifndef GPUSOCK_GPU_SCOPE_CUH
 #define GPUSOCK_GPU_SCOPE_CUH
 
@@ -48,64 +49,64 @@ inline unsigned count_via(std::atomic<unsigned> &counter, bool pred) {
 
 }  // namespace detail
 
-struct BlockScope {
-  GS_HD static unsigned rank() { return prim::thread_rank(); }
-  GS_HD static unsigned size() { return prim::block_dim(); }
+// Who calls together: every thread of one threadblock, or every lane of one
+// warp.
+enum class ScopeKind { kBlock, kWarp };
+
+// The threads that make one call together: their ranks, size, leader (rank
+// 0), barrier, a broadcast of the leader's value and a count. The two kinds
+// differ only in the primitives they stand on.
+template <ScopeKind K>
+struct CooperativeScope {
+  static constexpr bool kBlock = K == ScopeKind::kBlock;
+
+  GS_HD static unsigned rank() { return kBlock ? prim::thread_rank() : prim::lane(); }
+  GS_HD static unsigned size() { return kBlock ? prim::block_dim() : prim::warp_size(); }
   GS_HD static bool leader() { return rank() == 0; }
-  GS_HD static void sync() { prim::sync_block(); }
+  GS_HD static void sync() {
+    if constexpr (kBlock) prim::sync_block();
+    else prim::sync_warp();
+  }
 
   // rank 0's value of v, in every thread.
   template <class T>
   GS_HD static T broadcast(const T &v) {
 #if defined(__CUDA_ARCH__)
-    __shared__ unsigned long long scratch[host::kScratchWords];
+    if constexpr (kBlock) {
+      __shared__ unsigned long long scratch[host::kScratchWords];
+      return detail::broadcast_via<CooperativeScope>(scratch, v);
+    } else {
+      static_assert(sizeof(T) <= host::kScratchWords * 8, "broadcast up to 32 bytes");
+      constexpr unsigned kWords = (sizeof(T) + 3) / 4;
+      unsigned words[kWords] = {};
+      memcpy(words, &v, sizeof(T));
+      for (unsigned i = 0; i < kWords; ++i) words[i] = __shfl_sync(0xffffffffu, words[i], 0);
+      T out;
+      memcpy(&out, words, sizeof(T));
+      return out;
+    }
 #else
-    unsigned long long *scratch = host::t_thread.block->scratch;
+    host::BlockState *block = host::t_thread.block;
+    return detail::broadcast_via<CooperativeScope>(
+        kBlock ? block->scratch : block->warp_scratch.get() + prim::warp_index() * host::kScratchWords, v);
 #endif
-    return detail::broadcast_via<BlockScope>(scratch, v);
   }
 
   // How many threads passed pred == true.
   GS_HD static unsigned count(bool pred) {
 #if defined(__CUDA_ARCH__)
-    return static_cast<unsigned>(__syncthreads_count(pred));
+    if constexpr (kBlock) return static_cast<unsigned>(__syncthreads_count(pred));
+    else return static_cast<unsigned>(__popc(__ballot_sync(0xffffffffu, pred)));
 #else
-    return detail::count_via<BlockScope>(host::t_thread.block->counter, pred);
+    host::BlockState *block = host::t_thread.block;
+    return detail::count_via<CooperativeScope>(kBlock ? block->counter : block->warp_counters[prim::warp_index()],
+                                               pred);
 #endif
   }
 };
 
-struct WarpScope {
-  GS_HD static unsigned rank() { return prim::lane(); }
-  GS_HD static unsigned size() { return prim::warp_size(); }
-  GS_HD static bool leader() { return rank() == 0; }
-  GS_HD static void sync() { prim::sync_warp(); }
-
-  template <class T>
-  GS_HD static T broadcast(const T &v) {
-#if defined(__CUDA_ARCH__)
-    static_assert(sizeof(T) <= host::kScratchWords * 8, "broadcast up to 32 bytes");
-    constexpr unsigned kWords = (sizeof(T) + 3) / 4;
-    unsigned words[kWords] = {};
-    memcpy(words, &v, sizeof(T));
-    for (unsigned i = 0; i < kWords; ++i) words[i] = __shfl_sync(0xffffffffu, words[i], 0);
-    T out;
-    memcpy(&out, words, sizeof(T));
-    return out;
-#else
-    return detail::broadcast_via<WarpScope>(
-        host::t_thread.block->warp_scratch.get() + prim::warp_index() * host::kScratchWords, v);
-#endif
-  }
-
-  GS_HD static unsigned count(bool pred) {
-#if defined(__CUDA_ARCH__)
-    return static_cast<unsigned>(__popc(__ballot_sync(0xffffffffu, pred)));
-#else
-    return detail::count_via<WarpScope>(host::t_thread.block->warp_counters[prim::warp_index()], pred);
-#endif
-  }
-};
+using BlockScope = CooperativeScope<ScopeKind::kBlock>;
+using WarpScope = CooperativeScope<ScopeKind::kWarp>;
 
 namespace detail {
 
