@@ -10,10 +10,12 @@ set(GPUSOCK_INSTALL_CMAKEDIR "${CMAKE_INSTALL_LIBDIR}/cmake/gpusock"
 set(GPUSOCK_INSTALL_PKGCONFIGDIR "${CMAKE_INSTALL_LIBDIR}/pkgconfig"
     CACHE STRING "Where gpusock.pc is installed (relative to the prefix)")
 
+# Every public header, subfolders included: the C API, and the header-only
+# device API (gpusock/gpu.cuh and its parts in gpusock/gpu/).
 install(DIRECTORY "${PROJECT_SOURCE_DIR}/include/gpusock"
         DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}"
         COMPONENT gpusock_development
-        FILES_MATCHING PATTERN "*.h" PATTERN "*.hpp")
+        FILES_MATCHING PATTERN "*.h" PATTERN "*.hpp" PATTERN "*.cuh")
 
 # The installed libraries, then everything built here that their link
 # interface names: a static library's private dependencies appear there as

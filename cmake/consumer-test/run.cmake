@@ -25,6 +25,7 @@ endif()
 run_step("cmake --install" "${CMAKE_COMMAND}" --install "${BUILD_DIR}" --prefix "${prefix}" ${_config_args})
 
 foreach(_f "${INCLUDEDIR}/gpusock/socket.h" "${INCLUDEDIR}/gpusock/status.h"
+           "${INCLUDEDIR}/gpusock/gpu.cuh" "${INCLUDEDIR}/gpusock/channel.h"
            "${CMAKEDIR}/gpusockConfig.cmake" "${CMAKEDIR}/gpusockConfigVersion.cmake"
            "${CMAKEDIR}/gpusockTargets.cmake" "${PKGCONFIGDIR}/gpusock.pc")
   if(NOT EXISTS "${prefix}/${_f}")

@@ -1,0 +1,210 @@
+// gpusock device API: the leader's side of the channel to the proxy
+// (gpusock/channel.h). Pushing requests onto the ring (push_request, and
+// control for the calls the proxy answers), claiming socket slots, and reading
+// a socket's status line. Everything here runs on one thread of a scope, its
+// leader; the socket calls (socket_control.cuh, socket_data.cuh) broadcast
+// what it found.
+#ifndef GPUSOCK_GPU_CHANNEL_OPS_CUH
+#define GPUSOCK_GPU_CHANNEL_OPS_CUH
+
+#include <gpusock/channel.h>
+#include <gpusock/gpu/primitives.cuh>
+#include <gpusock/hd.h>
+
+#include <errno.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/socket.h>
+
+namespace gpusock {
+
+using channel::DeviceContext;
+
+namespace detail {
+
+using namespace channel;
+
+GS_HD bool valid_slot(const DeviceContext &c, int s) { return s >= 0 && static_cast<uint32_t>(s) < c.max_sockets; }
+
+GS_HD bool stop_requested(const DeviceContext &c) { return prim::load_acquire(&c.shared->stop) != 0; }
+
+// One poll of a socket's status line: two 16-byte relaxed loads and one
+// 16-byte acquire load of the counters, in flight together (one PCIe round
+// trip, not one per field). The counters are acquires; the state words are
+// not ordered with them: before trusting a terminal state, fence_acquire()
+// and re-read the counters (the proxy publishes counters before the state
+// bits that depend on them).
+struct StatusView {
+  uint64_t recv_write, send_done;
+  uint32_t state, accept_queued;
+  int32_t error, send_error;
+  uint32_t buffer;
+};
+
+GS_HD StatusView read_status(const DeviceContext &c, const SocketStatus *st) {
+  (void)c;
+  StatusView v;
+  uint32_t a[4], b[4];
+  prim::load_relaxed_x4(&st->state, a);    // state, releases, ctrl_done, ctrl_result
+  prim::load_relaxed_x4(&st->buffer, b);   // buffer, accept_queued, error, send_error
+  // The counters last, with acquire: ring bytes published before them are
+  // visible to the loads after this one, with no separate fence.
+  prim::load_acquire_x2(&st->recv_write, &v.recv_write, &v.send_done);
+  v.state = a[0];
+  v.buffer = b[0];
+  v.accept_queued = b[1];
+  v.error = static_cast<int32_t>(b[2]);
+  v.send_error = static_cast<int32_t>(b[3]);
+  return v;
+}
+// Counters again, after a fence_acquire() that followed the read of the state.
+GS_HD void reread_counters(const SocketStatus *st, StatusView *v) {
+  prim::load_relaxed_x2(&st->recv_write, &v->recv_write, &v->send_done);
+}
+
+GS_HD uint64_t deadline_after(int timeout_ms) {
+  return timeout_ms < 0 ? ~uint64_t(0) : prim::now_ns() + static_cast<uint64_t>(timeout_ms) * 1000000ull;
+}
+
+// The end of one round of a leader's wait for the proxy: 0 after a pause (poll
+// again), or why the wait is over: would_block for a call that must not wait
+// (MSG_DONTWAIT, a non-blocking socket), -ESHUTDOWN once the host asked
+// kernels to stop, -ETIMEDOUT past the deadline.
+GS_HD int wait_more(const DeviceContext &c, prim::Backoff &backoff, bool dontwait, uint64_t deadline,
+                    int would_block = -EAGAIN) {
+  if (dontwait) return would_block;
+  if (backoff.stop_check_due() && stop_requested(c)) return -ESHUTDOWN;
+  if (prim::now_ns() >= deadline) return -ETIMEDOUT;
+  backoff.pause();
+  return 0;
+}
+
+// The error behind kStFailed / kStError, or `otherwise` when the proxy gave none.
+GS_HD int status_error(const SocketStatus *st, int otherwise) {
+  const int err = prim::load_acquire(&st->error);
+  return err < 0 ? err : otherwise;
+}
+
+// Leader only. Takes a ticket, waits for room on the ring (back-pressure: the
+// proxy has not consumed `entries` requests ago), writes the entry, publishes seq.
+GS_HD int push_request(const DeviceContext &c, const Request &r, bool release = false) {
+  const unsigned long long ticket = prim::atomic_add(c.ticket, 1ull);
+  // Room on the ring: first against the highest `consumed` any producer saw
+  // (GPU memory, cheap), and only when that is not enough across PCIe.
+  if (ticket - *reinterpret_cast<volatile unsigned long long *>(c.consumed_seen) > c.request_mask) {
+    prim::Backoff backoff;
+    for (;;) {
+      const unsigned long long consumed = prim::load_acquire(&c.shared->consumed);
+      if (ticket - consumed <= c.request_mask) {
+        if (c.consumed_seen) prim::atomic_max(c.consumed_seen, consumed);
+        break;
+      }
+      if (backoff.stop_check_due() && stop_requested(c)) return -ESHUTDOWN;  // the ticket dies with the proxy
+      backoff.pause();
+    }
+  }
+  Request *e = c.requests + (ticket & c.request_mask);
+  Request w = r;
+  w.seq = ticket + 1;
+  w.check = request_check(reinterpret_cast<const uint64_t *>(&w), w.addr_len > 0);
+  const uint64_t *src = reinterpret_cast<const uint64_t *>(&w);
+  uint64_t *dst = reinterpret_cast<uint64_t *>(e);
+  if (r.addr_len > 0)  // the address line (covered by check too)
+    for (unsigned i = 8; i < 12; ++i) prim::store_relaxed(dst + i, src[i]);
+  // Release (a fence, ~0.7 µs on an H100): only when this block wrote ring
+  // bytes the proxy will send (ordered before us by the block's barrier). The
+  // request itself needs none: the proxy takes it only once check matches.
+  if (release) prim::fence_release();
+  prim::store_line_relaxed(dst, src);
+  return 0;
+}
+
+GS_HD bool ring_has_room(const DeviceContext &c) {
+  const unsigned long long issued_now = *reinterpret_cast<volatile unsigned long long *>(c.ticket);
+  if (c.consumed_seen && issued_now - *reinterpret_cast<volatile unsigned long long *>(c.consumed_seen) <= c.request_mask)
+    return true;
+  const unsigned long long issued = *reinterpret_cast<volatile unsigned long long *>(c.ticket);
+  return issued - prim::load_acquire(&c.shared->consumed) <= c.request_mask;
+}
+
+GS_HD Request make_request(const DeviceContext &c, int s, uint32_t op) {
+  Request r{};
+  const DeviceSocket &d = c.sockets[s];
+  r.op = op;
+  r.slot = static_cast<uint32_t>(s);
+  r.gen = d.gen;
+  r.send_tail = d.send_tail;
+  r.recv_read = d.recv_read;
+  return r;
+}
+
+// Leader only: a request the proxy answers at once, then its result.
+GS_HD int control(const DeviceContext &c, int s, const Request &request) {
+  Request r = request;
+  DeviceSocket &d = c.sockets[s];
+  r.ctrl_seq = ++d.ctrl_seq;
+  int rc = push_request(c, r);
+  if (rc < 0) return rc;
+  // ctrl_done and ctrl_result are one 8-byte word the proxy writes at once.
+  const uint64_t *word = reinterpret_cast<const uint64_t *>(&c.status[s].ctrl_done);
+  prim::Backoff backoff;
+  for (;;) {
+    const uint64_t v = prim::load_acquire(word);  // what the proxy published before the answer is visible after it
+    if (static_cast<uint32_t>(v) == r.ctrl_seq) return static_cast<int32_t>(static_cast<uint32_t>(v >> 32));
+    if (backoff.stop_check_due() && stop_requested(c)) return -ESHUTDOWN;
+    backoff.pause();
+  }
+}
+
+// Leader only: claims a free slot. A slot is free when the GPU has claimed it
+// as often as the proxy has released it.
+GS_HD int claim_slot(const DeviceContext &c, bool nonblocking) {
+  const uint32_t start = prim::atomic_add(c.claim_cursor, 1u);
+  for (uint32_t i = 0; i < c.max_sockets; ++i) {
+    const uint32_t slot = (start + i) % c.max_sockets;
+    const uint32_t released = prim::load_acquire(&c.status[slot].releases);
+    if (prim::atomic_cas(&c.claims[slot], released, released + 1) != released) continue;
+    DeviceSocket &d = c.sockets[slot];
+    d.send_tail = 0;
+    d.recv_read = 0;
+    d.send_done_seen = 0;
+    d.gen = released + 1;
+    d.ctrl_seq = 0;
+    d.buffer = 0;
+    d.flags = kDevOpen | (nonblocking ? kDevNonblocking : 0u);
+    return static_cast<int>(slot);
+  }
+  return -EMFILE;
+}
+
+GS_HD int open_socket(const DeviceContext &c, int s) {
+  if (!valid_slot(c, s) || !(c.sockets[s].flags & kDevOpen)) return -EBADF;
+  return 0;
+}
+
+// MSG_DONTWAIT, or a non-blocking socket: calls on s must not wait.
+GS_HD bool must_not_wait(const DeviceContext &c, int s, int flags) {
+  return (flags & MSG_DONTWAIT) || (valid_slot(c, s) && (c.sockets[s].flags & kDevNonblocking));
+}
+
+// Leader: a request on s with arg0 that the proxy answers, and its result.
+GS_HD int control_with_arg(const DeviceContext &c, int s, uint32_t op, int32_t arg0) {
+  Request r = make_request(c, s, op);
+  r.arg0 = arg0;
+  return control(c, s, r);
+}
+
+// Leader: a request on s with an address (bind, connect) that the proxy
+// answers, and its result; -EINVAL for what cannot be an address.
+GS_HD int control_with_address(const DeviceContext &c, int s, uint32_t op, const sockaddr *addr, socklen_t len) {
+  if (addr == nullptr || len < sizeof(sa_family_t) || len > kMaxAddrLen) return -EINVAL;
+  Request r = make_request(c, s, op);
+  r.addr_len = static_cast<uint32_t>(len);
+  memcpy(r.addr, addr, len);
+  return control(c, s, r);
+}
+
+}  // namespace detail
+}  // namespace gpusock
+
+#endif

@@ -1,0 +1,181 @@
+// gpusock device API: running kernels, the same functor on the GPU or on host
+// threads (Backend, LaunchShape, choose_backend, Grid), and the memory a
+// proxy serving either needs (CudaMemoryResource, memory_resource_for).
+#ifndef GPUSOCK_GPU_LAUNCH_CUH
+#define GPUSOCK_GPU_LAUNCH_CUH
+
+#include <gpusock/gpu/host_backend.h>
+#include <gpusock/proxy.h>
+
+#include <errno.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cstdio>
+#include <memory>
+#include <type_traits>
+#if defined(__CUDACC__)
+#include <cuda_runtime.h>
+#endif
+
+namespace gpusock {
+
+enum class Backend : uint8_t { kHost, kCuda };
+
+inline const char *backend_name(Backend b) { return b == Backend::kCuda ? "cuda" : "host"; }
+
+struct LaunchShape {
+  unsigned blocks = 1;
+  unsigned threads = 32;
+  unsigned host_warp_size = 0;  // host backend: 0 = min(32, threads); CUDA warps are 32
+};
+
+// True when this binary has CUDA code and a GPU is present.
+inline bool cuda_available() {
+#if defined(__CUDACC__)
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+#else
+  return false;
+#endif
+}
+
+// The GPU when there is one (and force_host is false), else the host backend.
+inline Backend choose_backend(bool force_host) {
+  return !force_host && cuda_available() ? Backend::kCuda : Backend::kHost;
+}
+
+#if defined(__CUDACC__)
+template <class F>
+__global__ void gpusock_kernel_entry(F kernel) {
+  kernel();
+}
+#endif
+
+// A running grid. The functor is copied by value (as a kernel parameter) and
+// needs a GS_HD operator()() const. Neither copied nor moved: it owns the
+// running host threads (its HostGrid is not copyable) or the CUDA stream.
+class Grid {
+ public:
+  ~Grid() { wait(); }
+
+  template <class F>
+  int start(Backend backend, const LaunchShape &shape, const F &kernel) {
+    backend_ = backend;
+    if (backend == Backend::kHost) {
+      unsigned warp = shape.host_warp_size ? shape.host_warp_size : (shape.threads < 32 ? shape.threads : 32);
+      return host_.start(shape.blocks, shape.threads, warp, kernel);
+    }
+#if defined(__CUDACC__)
+    if (shape.threads % 32 != 0) return -EINVAL;  // warp calls need whole warps
+    if (cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking) != cudaSuccess) return -ENODEV;
+    gpusock_kernel_entry<F><<<shape.blocks, shape.threads, 0, stream_>>>(kernel);
+    if (cudaGetLastError() != cudaSuccess) return -EINVAL;
+    running_ = true;
+    return 0;
+#else
+    return -ENODEV;
+#endif
+  }
+
+  // Waits for the kernel to finish: 0, or -EIO if it failed on the GPU.
+  int wait() {
+    if (backend_ == Backend::kHost) {
+      host_.join();
+      return 0;
+    }
+#if defined(__CUDACC__)
+    if (!running_) return 0;
+    running_ = false;
+    const cudaError_t err = cudaStreamSynchronize(stream_);
+    cudaStreamDestroy(stream_);
+    stream_ = nullptr;
+    if (err != cudaSuccess) {
+      last_error_ = cudaGetErrorString(err);
+      return -EIO;
+    }
+#endif
+    return 0;
+  }
+  const char *last_error() const { return last_error_; }
+
+ private:
+  Backend backend_ = Backend::kHost;
+  host::HostGrid host_;
+  const char *last_error_ = "";
+#if defined(__CUDACC__)
+  cudaStream_t stream_ = nullptr;
+  bool running_ = false;
+#endif
+};
+static_assert(!std::is_copy_constructible_v<Grid> && !std::is_copy_assignable_v<Grid> &&
+                  !std::is_move_constructible_v<Grid>,
+              "a Grid owns what runs");
+
+#if defined(__CUDACC__)
+// Memory for a proxy serving a real GPU: host-mapped pinned memory (the GPU
+// reads and writes it over PCIe, the CPU at DRAM speed) and GPU memory.
+class CudaMemoryResource final : public MemoryResource {
+ public:
+  explicit CudaMemoryResource(int device) : device_(device) {
+    snprintf(name_, sizeof name_, "cuda:%d", device);
+  }
+  const char *name() const override { return name_; }
+  bool has_device_memory() const override { return true; }
+  int allocate(MemoryKind kind, size_t size, MemoryBlock *out) override {
+    if (cudaSetDevice(device_) != cudaSuccess) return -ENODEV;
+    *out = MemoryBlock{};
+    out->size = size;
+    out->kind = kind;
+    if (kind == MemoryKind::kHostMapped) {
+      void *p = nullptr;
+      if (cudaHostAlloc(&p, size, cudaHostAllocMapped | cudaHostAllocPortable) != cudaSuccess) return -ENOMEM;
+      memset(p, 0, size);
+      void *d = nullptr;
+      if (cudaHostGetDevicePointer(&d, p, 0) != cudaSuccess) {
+        cudaFreeHost(p);
+        return -ENODEV;
+      }
+      out->host = p;
+      out->device = d;
+      return 0;
+    }
+    void *d = nullptr;
+    if (cudaMalloc(&d, size) != cudaSuccess) return -ENOMEM;
+    if (cudaMemset(d, 0, size) != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess) {
+      cudaFree(d);
+      return -EIO;
+    }
+    out->device = d;
+    return 0;
+  }
+  void release(MemoryBlock *block) override {
+    if (block->kind == MemoryKind::kHostMapped && block->host) cudaFreeHost(block->host);
+    if (block->kind == MemoryKind::kDevice && block->device) cudaFree(block->device);
+    *block = MemoryBlock{};
+  }
+
+ private:
+  int device_;
+  char name_[32];
+};
+
+inline std::unique_ptr<MemoryResource> cuda_memory_resource(int device = 0) {
+  return std::make_unique<CudaMemoryResource>(device);
+}
+#endif
+
+// The memory a backend needs: CUDA memory for the GPU, plain memory for host threads.
+inline std::unique_ptr<MemoryResource> memory_resource_for(Backend backend) {
+#if defined(__CUDACC__)
+  if (backend == Backend::kCuda) return cuda_memory_resource(0);
+#else
+  (void)backend;
+#endif
+  return host_memory_resource();
+}
+
+}  // namespace gpusock
+
+#endif

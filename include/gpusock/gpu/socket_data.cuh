@@ -1,0 +1,240 @@
+// gpusock device API: the socket calls that move data (recv, send) or wait
+// for it (poll), each a template on the scope that runs it (BlockScope or
+// WarpScope, scope.cuh). The leader plans from the socket's status line
+// (channel_ops.cuh) and broadcasts the plan; every thread of the scope copies
+// its share of the bytes. calls.cuh gives them their public names.
+#ifndef GPUSOCK_GPU_SOCKET_DATA_CUH
+#define GPUSOCK_GPU_SOCKET_DATA_CUH
+
+#include <gpusock/channel.h>
+#include <gpusock/gpu/channel_ops.cuh>
+#include <gpusock/gpu/primitives.cuh>
+#include <gpusock/gpu/scope.cuh>
+#include <gpusock/hd.h>
+
+#include <errno.h>
+#include <poll.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+
+namespace gpusock {
+
+using gpollfd = ::pollfd;
+
+namespace detail {
+
+using namespace channel;
+
+// ---- per-call plans: what the leader found, broadcast to the scope ----
+struct Plan {
+  int64_t n;        // bytes to move now (> 0), or the call's result (<= 0)
+  uint64_t offset;  // ring offset
+  uint64_t ring;    // ring base (a GPU pointer)
+};
+
+// A plan that moves nothing: the call's result.
+GS_HD Plan plan_result(int64_t result) { return Plan{result, 0, 0}; }
+
+// The plan for moving up to `want` bytes at absolute position `pos` of buffer
+// set `buffer`'s ring (ring_size bytes each, from `rings`) when `avail` bytes
+// there may be moved: never past the ring's end.
+GS_HD Plan ring_plan(const uint8_t *rings, uint32_t ring_size, uint32_t buffer, uint64_t pos, uint64_t avail,
+                     size_t want) {
+  const uint64_t offset = pos % ring_size;
+  uint64_t n = avail;
+  if (n > ring_size - offset) n = ring_size - offset;
+  if (n > want) n = want;
+  return Plan{static_cast<int64_t>(n), offset,
+              reinterpret_cast<uint64_t>(rings + static_cast<size_t>(buffer) * ring_size)};
+}
+
+// Leader: how much may be read now, or the result if nothing can be.
+GS_HD Plan recv_plan(const DeviceContext &c, int s, size_t want, bool dontwait, uint64_t deadline) {
+  if (const int rc = open_socket(c, s); rc < 0) return plan_result(rc);
+  DeviceSocket &d = c.sockets[s];
+  if (d.flags & kDevShutRd) return plan_result(0);  // EOF after our own SHUT_RD
+  const SocketStatus *st = c.status + s;
+  prim::Backoff backoff;
+  for (;;) {
+    StatusView v = read_status(c, st);
+    const uint32_t state = v.state;
+    const bool terminal = (state & (kStError | kStFailed | kStRecvClosed | kStHangup)) != 0;
+    if (terminal && v.recv_write <= d.recv_read) {
+      prim::fence_acquire();  // the state was read relaxed: order the counters after it
+      reread_counters(st, &v);  // counters are published before the state bits
+    }
+    const uint64_t written = v.recv_write;
+    if (written > d.recv_read)
+      return ring_plan(c.rbufs, c.rbuf_size, d.buffer, d.recv_read, written - d.recv_read, want);
+    if (state & (kStError | kStFailed)) return plan_result(status_error(st, -ECONNRESET));
+    if (state & (kStRecvClosed | kStHangup)) return plan_result(0);  // EOF
+    if (!(state & kStConnected) && !(d.flags & kDevConnecting)) return plan_result(-ENOTCONN);
+    if (const int rc = wait_more(c, backoff, dontwait, deadline); rc < 0) return plan_result(rc);
+  }
+}
+
+template <class S>
+GS_HD ssize_t recv(const DeviceContext &c, int s, void *buf, size_t len, int flags, int timeout_ms) {
+  const bool waitall = (flags & MSG_WAITALL) != 0;
+  const uint64_t deadline = S::leader() ? deadline_after(timeout_ms) : 0;  // only the leader waits
+  const bool dontwait = must_not_wait(c, s, flags);
+  size_t done = 0;
+  while (done < len) {
+    Plan p{};
+    if (S::leader()) p = recv_plan(c, s, len - done, dontwait, deadline);
+    p = S::broadcast(p);
+    if (p.n <= 0) return done > 0 ? static_cast<ssize_t>(done) : static_cast<ssize_t>(p.n);
+    const uint8_t *ring = reinterpret_cast<const uint8_t *>(p.ring);
+    group_copy<S>(static_cast<uint8_t *>(buf) + done, ring + p.offset, static_cast<size_t>(p.n), true);
+    S::sync();  // every thread is done reading before the space is handed back
+    if (S::leader()) {
+      DeviceSocket &d = c.sockets[s];
+      const uint64_t before = d.recv_read;
+      d.recv_read += static_cast<uint64_t>(p.n);
+      // The core advertises the ring in halves: consumption matters to the
+      // proxy only when it completes a half, so only then is it worth a doorbell.
+      const uint64_t half = c.rbuf_size / 2;
+      if (before / half != d.recv_read / half) push_request(c, make_request(c, s, kOpData));
+    }
+    done += static_cast<size_t>(p.n);
+    if (!waitall) break;
+  }
+  return static_cast<ssize_t>(done);
+}
+
+// Leader: whether the send ring has room with the transport done with what
+// precedes send_done (and, for MSG_DONTWAIT, the request ring has room for the
+// request that follows); if so, where the next bytes go.
+GS_HD bool send_room(const DeviceContext &c, const DeviceSocket &d, uint64_t send_done, size_t want, bool dontwait,
+                     Plan *p) {
+  const uint64_t used = d.send_tail - send_done;
+  if (used >= c.sbuf_size || (dontwait && !ring_has_room(c))) return false;
+  *p = ring_plan(c.sbufs, c.sbuf_size, d.buffer, d.send_tail, c.sbuf_size - used, want);
+  return true;
+}
+
+// Leader: where the next bytes may go into the send ring, or the result.
+GS_HD Plan send_plan(const DeviceContext &c, int s, size_t want, bool dontwait, uint64_t deadline) {
+  if (const int rc = open_socket(c, s); rc < 0) return plan_result(rc);
+  DeviceSocket &d = c.sockets[s];
+  if (d.flags & kDevShutWr) return plan_result(-EPIPE);
+  // Fast path: room known from an earlier look at send_done (which only grows)
+  // needs no PCIe round trip. Errors then show once the ring fills, as with a
+  // TCP send buffer.
+  Plan p{};
+  if ((d.flags & kDevConnectedSeen) && send_room(c, d, d.send_done_seen, want, dontwait, &p)) return p;
+  const SocketStatus *st = c.status + s;
+  prim::Backoff backoff;
+  for (;;) {
+    const StatusView v = read_status(c, st);
+    const uint32_t state = v.state;
+    if (v.send_error < 0) return plan_result(v.send_error);
+    if (state & (kStError | kStFailed)) {
+      prim::fence_acquire();
+      return plan_result(status_error(st, -ECONNRESET));
+    }
+    if (state & kStConnected) {
+      if (send_room(c, d, v.send_done, want, dontwait, &p)) {
+        // send_done was an acquire: the transport is done with that space.
+        d.send_done_seen = v.send_done;
+        d.flags |= kDevConnectedSeen;
+        return p;
+      }
+    } else if (!(d.flags & kDevConnecting)) {
+      return plan_result(-ENOTCONN);
+    }
+    if (const int rc = wait_more(c, backoff, dontwait, deadline); rc < 0) return plan_result(rc);
+  }
+}
+
+template <class S>
+GS_HD ssize_t send(const DeviceContext &c, int s, const void *buf, size_t len, int flags, int timeout_ms) {
+  const uint64_t deadline = S::leader() ? deadline_after(timeout_ms) : 0;  // only the leader waits
+  const bool dontwait = must_not_wait(c, s, flags);
+  size_t done = 0;
+  do {
+    Plan p{};
+    if (S::leader()) p = send_plan(c, s, len - done, dontwait, deadline);
+    p = S::broadcast(p);
+    if (p.n < 0 || (p.n == 0 && len > 0))
+      return done > 0 ? static_cast<ssize_t>(done) : static_cast<ssize_t>(p.n);
+    if (len == 0) return 0;
+    uint8_t *ring = reinterpret_cast<uint8_t *>(p.ring);
+    group_copy<S>(ring + p.offset, static_cast<const uint8_t *>(buf) + done, static_cast<size_t>(p.n), false);
+    // No fence per thread: the barrier orders every thread's ring writes before
+    // the leader's release store of the request's seq, which is cumulative, so
+    // the proxy that acquires seq sees them all.
+    S::sync();
+    if (S::leader()) {
+      c.sockets[s].send_tail += static_cast<uint64_t>(p.n);
+      push_request(c, make_request(c, s, kOpData), /*release=*/true);
+    }
+    done += static_cast<size_t>(p.n);
+  } while (done < len);  // MSG_DONTWAIT: the plan says -EAGAIN once the ring is full
+  return static_cast<ssize_t>(done);
+}
+
+// poll(2) events of one socket now (any thread).
+GS_HD short ready_events(const DeviceContext &c, const gpollfd &f) {
+  if (f.fd < 0) return 0;
+  if (!valid_slot(c, f.fd) || !(c.sockets[f.fd].flags & kDevOpen)) return POLLNVAL;
+  const DeviceSocket &d = c.sockets[f.fd];
+  const StatusView v = read_status(c, c.status + f.fd);  // one round trip per socket
+  const uint32_t state = v.state;
+  short ev = 0;
+  if (state & kStListening) {
+    if (v.accept_queued > 0) ev |= POLLIN | POLLRDNORM;
+  } else {
+    const bool eof = (state & (kStRecvClosed | kStHangup | kStError | kStFailed)) != 0;
+    if (v.recv_write > d.recv_read || eof || (d.flags & kDevShutRd)) ev |= POLLIN | POLLRDNORM;
+    if ((state & kStConnected) && !(state & kStError) && v.send_error == 0 && !(d.flags & kDevShutWr)) {
+      const uint64_t free_bytes = c.sbuf_size - (d.send_tail - v.send_done);
+      const uint64_t lowat = c.sbuf_size < 2048 ? c.sbuf_size : 2048;
+      if (free_bytes >= lowat) ev |= POLLOUT | POLLWRNORM;
+    }
+    if ((state & kStRecvClosed) && !(state & (kStHangup | kStError))) ev |= POLLRDHUP;
+    if (state & kStHangup) ev |= POLLHUP | POLLRDHUP;
+    if (state & (kStError | kStFailed)) ev |= POLLERR | POLLHUP | POLLOUT;
+  }
+  return static_cast<short>(ev & (f.events | POLLERR | POLLHUP | POLLNVAL));
+}
+
+template <class S>
+GS_HD int poll(const DeviceContext &c, gpollfd *fds, int nfds, int timeout_ms) {
+  if (nfds < 0) return -EINVAL;
+  uint64_t deadline = 0;
+  if (S::leader()) deadline = deadline_after(timeout_ms);
+  // Threads may still be reading the revents of the previous call: nobody
+  // writes new ones before everyone has arrived.
+  S::sync();
+  prim::Backoff backoff;
+  for (;;) {
+    unsigned ready = 0;
+    for (int base = 0; base < nfds; base += static_cast<int>(S::size())) {
+      const int i = base + static_cast<int>(S::rank());
+      bool hit = false;
+      if (i < nfds) {
+        fds[i].revents = ready_events(c, fds[i]);
+        hit = fds[i].revents != 0;
+      }
+      ready += S::count(hit);
+    }
+    int verdict = 1;  // 1: wait more
+    if (S::leader()) {
+      if (ready > 0) verdict = static_cast<int>(ready);
+      else if (timeout_ms == 0 || prim::now_ns() >= deadline) verdict = 0;
+      else if (backoff.stop_check_due() && stop_requested(c)) verdict = -ESHUTDOWN;
+      else verdict = -1000;  // keep waiting (distinct from every result)
+    }
+    verdict = S::broadcast(verdict);
+    if (verdict != -1000) return verdict;
+    backoff.pause();
+  }
+}
+
+}  // namespace detail
+}  // namespace gpusock
+
+#endif
