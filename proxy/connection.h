@@ -5,7 +5,7 @@
 
 #include "wire/connection_driver.h"
 
-#include <gpusock/proxy.h>
+#include <gpusock/channel.h>
 
 #include <sys/socket.h>
 
