@@ -243,11 +243,32 @@ class PidWatch {
 // regions take REQs from processes not yet known, so there the watchdog
 // releases the lock only when it stayed held for kStuckLockMs.
 //
+// Torn enqueues. A write with remote CQ data is two commands in the receiver's
+// queue (the write, then its RMA iov), committed one after the other under
+// the receiver's lock; shm's consumer takes the second as "the head after the
+// first" without checking that it was committed. A sender SIGKILLed between
+// the two commits leaves a write whose iov the consumer reads from a stale
+// slot; it then discards one slot more than was written, keeps walking stale
+// slots of earlier laps, and dies on the first stale name-exchange command
+// whose inject buffer has been reused (a NULL peer region: SIGSEGV in
+// fi_cq_read). So, once a peer is dead: our endpoint never calls
+// the provider on that connection again (poll, writes, control messages), and
+// when the dead peer died holding OUR region's lock (the only way an enqueue
+// can be torn), the watchdog drops what is pending in our command queue
+// before it releases that lock, for a thread of ours that was already
+// spinning on it inside fi_cq_read. It knows whether one was: the endpoint
+// marks its provider calls (PeerWatch::in_provider).
+//
 // Reaching the lock needs shm's region layout: the head of struct smr_region,
-// SMR_VERSION 4 (libfabric 1.17). A region whose head does not check out
+// SMR_VERSION 4 (libfabric 1.17), and its command queue (a cirque: size,
+// mask, read and write counts). A region whose head does not check out
 // (version, size, name) is left alone.
 constexpr uint8_t kShmRegionVersion = 4;
 constexpr uint64_t kStuckLockMs = 2000;
+// Our region's lock still held this long after its peer died, by a thread of
+// ours inside the provider: that thread is spinning on it, not holding it (a
+// progress pass holds it for microseconds).
+constexpr uint64_t kDeadHolderMs = 1000;
 constexpr int kWatchdogTickMs = 10;
 
 struct ShmRegionHead {
@@ -274,6 +295,15 @@ struct ShmRegionHead {
   size_t sock_name_offset;
 };
 static_assert(offsetof(ShmRegionHead, lock) == 24, "shm 1.17 region layout");
+static_assert(offsetof(ShmRegionHead, cmd_queue_offset) == 64, "shm 1.17 region layout");
+
+// The head of shm's command queue (OFI_DECLARE_CIRQUE), entries after it.
+struct ShmCirqueHead {
+  size_t size;
+  size_t size_mask;
+  size_t rcnt;
+  size_t wcnt;
+};
 static_assert(sizeof(pthread_spinlock_t) == sizeof(int), "glibc spinlock");
 
 int spin_unlocked_value() {
@@ -315,28 +345,69 @@ class RegionLock {
                     std::strcmp(static_cast<const char *>(base) + head->name_offset, name.c_str()) == 0;
     if (!ok) return false;  // ~RegionLock unmaps
     lock_ = &static_cast<ShmRegionHead *>(base)->lock;
+    if (head->cmd_queue_offset + sizeof(ShmCirqueHead) <= size_) {
+      auto *queue = reinterpret_cast<ShmCirqueHead *>(static_cast<char *>(base) + head->cmd_queue_offset);
+      if (queue->size != 0 && (queue->size & (queue->size - 1)) == 0 && queue->size_mask == queue->size - 1)
+        queue_ = queue;
+    }
     return true;
   }
   bool held() const { return __atomic_load_n(lock_, __ATOMIC_ACQUIRE) != spin_unlocked_value(); }
   void release() { __atomic_store_n(lock_, spin_unlocked_value(), __ATOMIC_RELEASE); }
+  // With the lock held by a dead sender: forget every command not yet
+  // consumed, a torn last pair among them (see "Torn enqueues").
+  void drop_pending_commands() {
+    if (queue_ != nullptr) __atomic_store_n(&queue_->wcnt, __atomic_load_n(&queue_->rcnt, __ATOMIC_RELAXED), __ATOMIC_RELEASE);
+  }
 
  private:
   void *base_ = nullptr;
   size_t size_ = 0;
   int *lock_ = nullptr;
+  ShmCirqueHead *queue_ = nullptr;
 };
 
-// One watched peer (or, in stuck mode, one listener region).
+// One watched peer (or, in stuck mode, one listener region). For a peer,
+// locks[0] is the peer's region, locks[1] (when there) our endpoint's.
 struct PeerWatch {
   std::atomic<bool> dead{false};
+  // Threads of our endpoint inside a provider call on this connection.
+  std::atomic<int> in_provider{0};
   pid_t pid = 0;
   int pidfd = -1;
   bool stuck_mode = false;
+  bool own_lock_pending = false;  // dead, and our region's lock not yet settled
   uint64_t held_since_ms = 0;
   std::vector<std::unique_ptr<RegionLock>> locks;
   ~PeerWatch() {
     if (pidfd >= 0) close(pidfd);
   }
+};
+
+// One provider call on a watched connection, marked for the watchdog (see
+// "Torn enqueues"): false, and no call may be made, once the peer is dead.
+class ProviderCall {
+ public:
+  ProviderCall(bool peer_died, const std::shared_ptr<PeerWatch> &watch) {
+    if (peer_died) {
+      ok_ = false;
+      return;
+    }
+    if (!watch) return;
+    watch_ = watch;
+    watch_->in_provider.fetch_add(1, std::memory_order_seq_cst);
+    ok_ = !watch_->dead.load(std::memory_order_seq_cst);
+  }
+  ~ProviderCall() {
+    if (watch_) watch_->in_provider.fetch_sub(1, std::memory_order_release);
+  }
+  ProviderCall(const ProviderCall &) = delete;
+  ProviderCall &operator=(const ProviderCall &) = delete;
+  explicit operator bool() const { return ok_; }
+
+ private:
+  std::shared_ptr<PeerWatch> watch_;  // kept: a call may replace the endpoint's watch
+  bool ok_ = true;
 };
 
 class ShmWatchdog {
@@ -424,14 +495,40 @@ class ShmWatchdog {
     return true;
   }
 
-  // With mu_ held.
+  // With mu_ held. The peer's lock is released at once (a thread of ours may
+  // be spinning on it to enqueue); ours only as settle_own_lock says.
   void fire(PeerWatch *watch) {
     if (watch->dead.load(std::memory_order_relaxed)) return;
     if (watch->pidfd >= 0) epoll_ctl(epfd_, EPOLL_CTL_DEL, watch->pidfd, nullptr);
-    for (auto &region : watch->locks) {
-      if (region->held()) region->release();
+    // seq_cst, paired with the endpoint's seq_cst in_provider increment and
+    // dead load: either it sees dead and stays out, or we see it inside.
+    watch->dead.store(true, std::memory_order_seq_cst);
+    if (!watch->locks.empty() && watch->locks[0]->held()) watch->locks[0]->release();
+    if (watch->locks.size() > 1) {
+      watch->own_lock_pending = true;
+      watch->held_since_ms = coarse_ms();
+      settle_own_lock(watch);
     }
-    watch->dead.store(true, std::memory_order_release);
+  }
+
+  // Our region's lock after its peer died. Free: nothing was torn. Held with
+  // no thread of ours in the provider: the dead peer holds it, possibly over a
+  // torn enqueue: drop what is pending, release. Held with one of ours inside:
+  // it holds the lock (released in microseconds) or spins on the dead peer's
+  // (held for kDeadHolderMs: treat as the dead peer's).
+  static void settle_own_lock(PeerWatch *watch) {
+    if (!watch->own_lock_pending) return;
+    RegionLock &own = *watch->locks[1];
+    if (!own.held()) {
+      watch->own_lock_pending = false;
+      return;
+    }
+    if (watch->in_provider.load(std::memory_order_seq_cst) == 0 ||
+        coarse_ms() - watch->held_since_ms >= kDeadHolderMs) {
+      own.drop_pending_commands();
+      own.release();
+      watch->own_lock_pending = false;
+    }
   }
 
   void run() {
@@ -441,7 +538,8 @@ class ShmWatchdog {
       {
         std::lock_guard<std::mutex> lock(mu_);
         if (stop_) return;
-        for (const auto &watch : watches_) ticking = ticking || watch->stuck_mode || watch->pidfd < 0;
+        for (const auto &watch : watches_)
+          ticking = ticking || watch->stuck_mode || watch->pidfd < 0 || watch->own_lock_pending;
       }
       const int n = epoll_wait(epfd_, events, 16, ticking ? kWatchdogTickMs : -1);
       std::lock_guard<std::mutex> lock(mu_);
@@ -458,6 +556,7 @@ class ShmWatchdog {
       }
       const uint64_t now = coarse_ms();
       for (const auto &watch : watches_) {
+        settle_own_lock(watch.get());
         if (watch->stuck_mode) {
           if (!watch->locks[0]->held()) {
             watch->held_since_ms = 0;
@@ -963,9 +1062,12 @@ class RdmEndpoint final : public FabricEndpointBase {
   void watch_peer(pid_t pid, const std::string &peer_region);
   void unwatch();
   bool peer_dead() const {
+    if (peer_died_) return true;
     if (watch_) return watch_->dead.load(std::memory_order_acquire);
     return fallback_watch_.dead();
   }
+  // Guards every provider call on this connection (see "Torn enqueues").
+  ProviderCall provider_call() const { return ProviderCall(peer_died_, watch_); }
   void check_liveness();
   void peer_gone(bool dead_process);
   void fail_connect(int status);
@@ -997,6 +1099,7 @@ class RdmEndpoint final : public FabricEndpointBase {
   sockaddr_storage peer_sockaddr_{};
   uint32_t idle_polls_ = 0;
   uint64_t last_liveness_ms_ = 0;
+  bool peer_died_ = false;  // its process is gone: no provider call on this connection again
 };
 
 gs_status_t RdmEndpoint::init() {
@@ -1057,7 +1160,7 @@ RdmEndpoint::~RdmEndpoint() {
     }
     // A BYE (or REJECT) the peer has not made room for yet: give it a moment.
     for (int spin = 0; spin < 200 && ctrl_pending_ && !peer_dead(); ++spin) {
-      (void)fi_cq_read(shared_->cq, nullptr, 0);
+      if (ProviderCall call = provider_call()) (void)fi_cq_read(shared_->cq, nullptr, 0);
       flush_ctrl();
       if (ctrl_pending_) usleep(50);
     }
@@ -1149,6 +1252,11 @@ void RdmEndpoint::send_ctrl(const PeerRef &dest, const CtrlMsg &msg) {
 
 void RdmEndpoint::flush_ctrl() {
   if (!ctrl_pending_) return;
+  ProviderCall call = provider_call();
+  if (!call) {
+    ctrl_pending_ = false;  // nobody left to hear it
+    return;
+  }
   ssize_t ret = fi_inject(shared_->ep, &pending_msg_, sizeof(pending_msg_), pending_dest_);
   if (ret == -FI_EAGAIN) return;  // the peer has to progress first
   ctrl_pending_ = false;
@@ -1212,6 +1320,11 @@ void RdmEndpoint::handle_ctrl(const CtrlMsg &msg, size_t len) {
 }
 
 int RdmEndpoint::process_cq(Completion *out, int max, int *produced) {
+  ProviderCall call = provider_call();
+  if (!call) {
+    *produced = 0;
+    return 0;
+  }
   auto ctrl_index = [this](void *context) {
     auto *buf = static_cast<CtrlMsg *>(context);
     return buf >= ctrl_bufs_ && buf < ctrl_bufs_ + kConnCtrlBufs ? static_cast<int>(buf - ctrl_bufs_) : -1;
@@ -1237,7 +1350,10 @@ void RdmEndpoint::peer_gone(bool dead_process) {
   state_ = State::kClosed;
   ctrl_pending_ = false;
   ring_.fail_all(-ECONNRESET);
-  unwatch();
+  // A dead process's watch stays until we are destroyed: the watchdog may
+  // still have our region's lock to settle (see "Torn enqueues").
+  if (dead_process) peer_died_ = true;
+  else unwatch();
   // shm cannot unlink the region of a killed process; we know its name.
   if (dead_process && !peer_name_.empty()) shm_unlink(peer_name_.c_str());
 }
@@ -1285,16 +1401,14 @@ int RdmEndpoint::poll(Completion *out, int max) {
     stash_.erase(stash_.begin(), stash_.begin() + take);
     n = take;
   }
+  // A dead peer is noticed before the provider is called again (see "Torn enqueues").
+  if (watch_ && watch_->dead.load(std::memory_order_acquire)) [[unlikely]] check_liveness();
   if (ctrl_pending_) [[unlikely]] flush_ctrl();
   int produced = 0;
   const int got = process_cq(out + n, max - n, &produced);
   if (got < 0) [[unlikely]] return got;
   n += produced;
-  if (watch_ && watch_->dead.load(std::memory_order_relaxed)) [[unlikely]] {
-    check_liveness();
-  } else if (got == 0 && (++idle_polls_ & 15) == 0) {
-    check_liveness();
-  }
+  if (got == 0 && (++idle_polls_ & 15) == 0) check_liveness();
   if (!ring_.empty()) n += ring_.drain(out + n, max - n);
   return n;
 }
@@ -1326,6 +1440,8 @@ void RdmEndpoint::disconnect() {
 }
 
 gs_status_t RdmEndpoint::post_write(const WriteRequest &request) {
+  ProviderCall call = provider_call();
+  if (!call) return -ECONNRESET;
   return post_write_to(shared_->ep, peer_.addr, request);
 }
 
