@@ -97,6 +97,16 @@ GS_HD uint8_t decide(uint64_t chi2_q16, uint32_t bins, uint32_t threshold_q16) {
   return chi2_q16 <= uint64_t(threshold_q16) * bins ? kMatch : kNoMatch;
 }
 
+// The reply to a request whose histogram was compared with its reference.
+GS_HD Reply verdict_reply(uint64_t request_id, const Features &f, uint64_t chi2_q16, uint32_t threshold_q16) {
+  Reply r{};
+  r.verdict = decide(chi2_q16, f.bins(), threshold_q16);
+  r.request_id = request_id;
+  r.chi2_q16 = chi2_q16;
+  r.bins = f.bins();
+  return r;
+}
+
 // ---- the CPU implementation (the CPU server's hot loop and everyone's reference)
 
 // The codes of one row: a loop the compiler vectorizes (-O3).
