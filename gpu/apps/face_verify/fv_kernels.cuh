@@ -13,7 +13,7 @@
 namespace fv {
 
 // Per-block working memory: GPU shared memory on the GPU; on the host
-// backend, a slice of `host_scratch` (kHostScratchBytes per block).
+// backend, `host_scratch`: kHostScratchBytes of the block's own.
 struct BlockScratch {
   uint32_t *hist;                 // kMaxBins
   uint8_t *table;                 // 256: code -> uniform bin
@@ -29,7 +29,7 @@ GS_HD BlockScratch block_scratch(uint8_t *host_scratch) {
   __shared__ unsigned long long chi2;
   return BlockScratch{hist, table, &chi2};
 #else
-  uint8_t *base = host_scratch + size_t(gpusock::block_index()) * kHostScratchBytes;
+  uint8_t *base = host_scratch;
   return BlockScratch{reinterpret_cast<uint32_t *>(base), base + sizeof(uint32_t) * kMaxBins,
                       reinterpret_cast<unsigned long long *>(base + sizeof(uint32_t) * kMaxBins + 256)};
 #endif
