@@ -3,10 +3,12 @@
 // gpusock's shim and under rdma-core's librspreload), in a closed loop (one
 // request in flight per connection) or an open loop (--rate: requests sent
 // on a schedule whatever the replies do; latency from the scheduled time).
-// Every reply is checked against the CPU reference (fv_lbp.h on the same
-// generated images): the verdict and the exact chi-square.
+// --ports K spreads the connections over K consecutive server ports (a
+// GPU-native server with K proxies). Every reply is checked against the CPU
+// reference (fv_lbp.h on the same generated images): the verdict and the
+// exact chi-square.
 //
-//   fv_client --server 127.0.0.1:7000 [--conns 4] [--requests N | --duration S]
+//   fv_client --server 127.0.0.1:7000 [--conns 4] [--ports 1] [--requests N | --duration S]
 //             [--rate R] [--warmup S] [--size 128 | --width W --height H]
 //             [--identities 10000] [--seed 1] [--match-pct 50] [--unknown-pct 10]
 //             [--grid 8] [--threshold-q16 T] [--pool 1024] [--timeout-ms 10000]
@@ -30,7 +32,7 @@ namespace {
 struct Options {
   sockaddr_in server{};
   std::string server_text = "127.0.0.1:7000";
-  int conns = 4;
+  int conns = 4, ports = 1;  // connection c goes to the server's port + c % ports
   uint64_t requests = 0;  // closed loop: total; 0 = by duration
   double duration = 0, warmup = 0, rate = 0;
   uint32_t width = 128, height = 128, grid = kDefaultGrid, threshold_q16 = kDefaultThresholdQ16, pool = 1024;
@@ -93,7 +95,7 @@ class Run {
     measure_from_ = start_ + uint64_t(o_.warmup * 1e9);
     end_ = o_.duration > 0 ? measure_from_ + uint64_t(o_.duration * 1e9) : ~0ull;
     for (int c = 0; c < o_.conns; ++c)
-      threads.emplace_back([this, c, &per] { o_.rate > 0 ? open_loop(c, &per[c]) : closed_loop(&per[c]); });
+      threads.emplace_back([this, c, &per] { o_.rate > 0 ? open_loop(c, &per[c]) : closed_loop(c, &per[c]); });
     for (auto &t : threads) t.join();
     Tally all;
     all.seconds = double(std::min(now_ns(), end_) - measure_from_) / 1e9;
@@ -102,11 +104,13 @@ class Run {
   }
 
  private:
-  int connect_server(Tally *t) {
+  int connect_server(int c, Tally *t) {
+    sockaddr_in addr = o_.server;
+    addr.sin_port = htons(static_cast<uint16_t>(ntohs(addr.sin_port) + c % o_.ports));
     const int fd = socket(AF_INET, SOCK_STREAM, 0);
     const int one = 1;
-    if (fd < 0 || connect(fd, (const sockaddr *)&o_.server, sizeof o_.server) < 0) {
-      t->fail(std::string("connect ") + o_.server_text + ": " + strerror(errno));
+    if (fd < 0 || connect(fd, (const sockaddr *)&addr, sizeof addr) < 0) {
+      t->fail(std::string("connect ") + o_.server_text + " (+" + std::to_string(c % o_.ports) + "): " + strerror(errno));
       if (fd >= 0) close(fd);
       return -1;
     }
@@ -133,8 +137,8 @@ class Run {
 
   bool more(uint64_t k) const { return (o_.requests == 0 || k < o_.requests) && now_ns() < end_; }
 
-  void closed_loop(Tally *t) {
-    const int fd = connect_server(t);
+  void closed_loop(int c, Tally *t) {
+    const int fd = connect_server(c, t);
     if (fd < 0) return;
     std::vector<uint8_t> buf;
     uint8_t reply[kReplyBytes];
@@ -147,7 +151,7 @@ class Run {
   }
 
   void open_loop(int c, Tally *t) {
-    const int fd = connect_server(t);
+    const int fd = connect_server(c, t);
     if (fd < 0) return;
     const uint64_t interval = uint64_t(1e9 * o_.conns / o_.rate);
     uint64_t due = start_ + uint64_t(1e9 * c / o_.rate);
@@ -234,6 +238,7 @@ bool parse_options(int argc, char **argv, Options *o) {
     const std::string n = f.name();
     if (n == "--server") o->server_text = f.next();
     else if (n == "--conns") o->conns = static_cast<int>(f.number());
+    else if (n == "--ports") o->ports = static_cast<int>(f.number());
     else if (n == "--requests") o->requests = static_cast<uint64_t>(f.number());
     else if (n == "--duration") o->duration = atof(f.next());
     else if (n == "--warmup") o->warmup = atof(f.next());
@@ -257,7 +262,7 @@ bool parse_options(int argc, char **argv, Options *o) {
   }
   const RequestHeader h{kRequestMagic, kVersion, 0, 0, 0, static_cast<uint16_t>(o->width),
                         static_cast<uint16_t>(o->height)};
-  return parse_endpoint(o->server_text, &o->server) && o->conns > 0 && o->pool > 0 && o->grid >= 1 &&
+  return parse_endpoint(o->server_text, &o->server) && o->conns > 0 && o->ports > 0 && o->pool > 0 && o->grid >= 1 &&
          o->grid <= kMaxGrid && o->width <= kMaxDim && o->height <= kMaxDim &&
          validate_request(h, o->grid) == kReasonNone && (o->requests > 0 || o->duration > 0) &&
          o->data.match_pct + o->data.unknown_pct <= 100;
@@ -271,7 +276,7 @@ int main(int argc, char **argv) {
   Options o;
   if (!parse_options(argc, argv, &o)) {
     std::fprintf(stderr,
-                 "usage: %s --server A.B.C.D:PORT [--conns C] (--requests N | --duration S) [--rate R] [--warmup S]\n"
+                 "usage: %s --server A.B.C.D:PORT [--conns C] [--ports K] (--requests N | --duration S) [--rate R] [--warmup S]\n"
                  "       [--size S | --width W --height H] [--identities N] [--seed S] [--match-pct P]\n"
                  "       [--unknown-pct P] [--grid G] [--threshold-q16 T] [--pool P] [--timeout-ms MS]\n"
                  "       [--allow-db-errors | --expect-db-errors] [--label L] [--json FILE]\n", argv[0]);

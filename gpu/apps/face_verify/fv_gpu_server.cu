@@ -93,14 +93,15 @@ struct BlockState {
   uint64_t listener_checked = 0;
 };
 
-struct FaceServerKernel {
-  DeviceContext ctx;
+// One block's server, on the sockets of one proxy.
+struct BlockServer {
+  const DeviceContext &ctx;
   int listener;
-  Params p;
+  const Params &p;
   uint8_t *memory;           // blocks x p.block_bytes, GPU memory
   BlockCounters *counters;   // per block, host-mapped
 
-  GS_HD void operator()() const {
+  GS_HD void run() const {
     const BlockMemory m = block_memory(memory + size_t(block_index()) * p.block_bytes, p);
     const BlockScratch s = block_scratch(m.host_scratch);
     block_init_table(s);
@@ -279,10 +280,27 @@ struct FaceServerKernel {
   }
 };
 
+// The kernel: block b serves the connections of proxy b % proxies (each
+// proxy is one CPU thread driving its sockets, with a listener of its own on
+// port + k), so the CPU side of the sockets can grow past one core.
+inline constexpr int kMaxProxies = 4;
+struct FaceServerKernel {
+  DeviceContext ctx[kMaxProxies];
+  int listener[kMaxProxies];
+  int proxies;
+  Params p;
+  uint8_t *memory;
+  BlockCounters *counters;
+  GS_HD void operator()() const {
+    const int k = static_cast<int>(block_index()) % proxies;
+    BlockServer{ctx[k], listener[k], p, memory, counters}.run();
+  }
+};
+
 struct Options {
   ServerConfig server;
   unsigned blocks = 0, threads = 0;  // 0: by backend
-  int conns = 4, seconds = 0;
+  int conns = 4, seconds = 0, proxies = 1;
   uint32_t max_dim = kMaxDim, ring_kib = 128;
   bool force_host = false;
   std::string transport;
@@ -296,6 +314,7 @@ bool parse(int argc, char **argv, Options *o) {
     if (n == "--blocks") o->blocks = static_cast<unsigned>(f.number());
     else if (n == "--threads") o->threads = static_cast<unsigned>(f.number());
     else if (n == "--conns") o->conns = static_cast<int>(f.number());
+    else if (n == "--proxies") o->proxies = static_cast<int>(f.number());
     else if (n == "--max-dim") o->max_dim = static_cast<uint32_t>(f.number());
     else if (n == "--ring-kib") o->ring_kib = static_cast<uint32_t>(f.number());
     else if (n == "--seconds") o->seconds = static_cast<int>(f.number());
@@ -304,81 +323,39 @@ bool parse(int argc, char **argv, Options *o) {
     else return false;
   }
   return o->server.check("fv_gpu_server") && o->conns >= 1 && o->conns <= kMaxConnsPerBlock &&
+         o->proxies >= 1 && o->proxies <= kMaxProxies && o->server.port + o->proxies <= 65536 &&
          o->max_dim >= kMinDim && o->max_dim <= kMaxDim && o->ring_kib >= 8;
 }
 
-}  // namespace
-}  // namespace fv
-
-int main(int argc, char **argv) {
-  using namespace fv;
-  Options o;
-  if (!parse(argc, argv, &o)) {
-    std::fprintf(stderr,
-                 "usage: %s [--blocks B] [--threads T] [--conns C (<= %d)] [--max-dim D] [--ring-kib K] "
-                 "[--transport T] [--host-backend] [--seconds S] %s\n", argv[0], kMaxConnsPerBlock,
-                 ServerConfig::kUsage);
-    return 2;
-  }
-  install_stop_handlers();
-  const Backend backend = choose_backend(o.force_host);
-  const bool gpu = backend == Backend::kCuda;
-  if (!o.blocks) o.blocks = gpu ? 128 : 4;
-  if (!o.threads) o.threads = gpu ? 256 : 4;  // emulated threads are host threads
-
+// Proxy k with its listener on port + k, serving blocks k, k + proxies, ...
+int start_proxy(const Options &o, Backend backend, MemoryResource *memory, int k, int *listener_out,
+                std::unique_ptr<Proxy> *out) {
+  const unsigned blocks = (o.blocks - k + o.proxies - 1) / o.proxies;
   ProxyOptions options;
   options.transport = o.transport;
-  options.max_sockets = o.blocks * unsigned(o.conns + 1) + 8;  // connections + one memcached socket per block
+  options.max_sockets = blocks * unsigned(o.conns + 1) + 8;  // connections + one memcached socket per block
   options.rbuf_size = options.sbuf_size = o.ring_kib * 1024;
   options.request_entries = 4096;
-  if (gpu) options.busy_poll_us = -1;  // the proxy owns a core: spin
-  auto memory = memory_resource_for(backend);
-  std::unique_ptr<Proxy> proxy;
-  if (int rc = Proxy::start(options, memory.get(), &proxy); rc < 0) {
-    std::fprintf(stderr, "fv_gpu_server: proxy: %s\n", gs_status_name(rc));
-    return 1;
-  }
-  Params p{};
-  p.conns = o.conns;
-  p.grid = o.server.grid;
-  p.threshold_q16 = o.server.threshold_q16;
-  p.max_dim = o.max_dim;
-  p.mc_timeout_ms = o.server.mc_timeout_ms;
-  p.memcached = o.server.memcached;
-  p.conn_bytes = (kRequestHeaderBytes + size_t(o.max_dim) * o.max_dim + 15) & ~size_t(15);
-  p.block_bytes = (block_bytes(o.conns, p.conn_bytes) + 255) & ~size_t(255);
-  MemoryBlock shared_mem{}, device_mem{};
-  if (memory->allocate(MemoryKind::kHostMapped, 64 + sizeof(BlockCounters) * o.blocks, &shared_mem) < 0 ||
-      memory->allocate(MemoryKind::kDevice, p.block_bytes * o.blocks, &device_mem) < 0) {
-    std::fprintf(stderr, "fv_gpu_server: out of memory (%zu bytes of GPU memory)\n", p.block_bytes * o.blocks);
-    return 1;
-  }
-  auto *listener = static_cast<int *>(shared_mem.host);
-  auto *counters = reinterpret_cast<BlockCounters *>(static_cast<uint8_t *>(shared_mem.host) + 64);
+  options.quiet = k > 0;
+  if (backend == Backend::kCuda) options.busy_poll_us = -1;  // each proxy owns a core: spin
+  if (int rc = Proxy::start(options, memory, out); rc < 0) return rc;
+  MemoryBlock fd{};
+  if (memory->allocate(MemoryKind::kHostMapped, sizeof(int), &fd) < 0) return -ENOMEM;
   Grid grid;
-  if (grid.start(backend, {1, gpu ? 32u : 4u}, ListenKernel{proxy->device_context(), o.server.port, static_cast<int *>(shared_mem.device)}) < 0 ||
-      grid.wait() < 0 || *listener < 0) {
-    std::fprintf(stderr, "fv_gpu_server: listen on port %d: %s\n", o.server.port, gs_status_name(*listener));
-    return 1;
-  }
-  const FaceServerKernel kernel{proxy->device_context(), *listener, p, static_cast<uint8_t *>(device_mem.device),
-                                reinterpret_cast<BlockCounters *>(static_cast<uint8_t *>(shared_mem.device) + 64)};
-  if (int rc = grid.start(backend, {o.blocks, o.threads}, kernel); rc < 0) {
-    std::fprintf(stderr, "fv_gpu_server: launch: %s\n", gs_status_name(rc));
-    return 1;
-  }
-  std::printf("fv_gpu_server: listening on port %d (%s backend, %u blocks x %u threads, %d connections per block, "
-              "grid %u, memcached %s, %s)\n",
-              o.server.port, backend_name(backend), o.blocks, o.threads, o.conns, p.grid,
-              o.server.memcached_text.c_str(), proxy->placement().c_str());
-  std::fflush(stdout);
-  for (int t = 0; !g_stop && (o.seconds <= 0 || t < o.seconds * 10); ++t) usleep(100000);
-  proxy->request_kernel_stop();
-  const int rc = grid.wait();
-  proxy->kernel_exited(rc);
+  const int port = o.server.port + k;
+  int rc = grid.start(backend, {1, backend == Backend::kCuda ? 32u : 4u},
+                      ListenKernel{(*out)->device_context(), port, static_cast<int *>(fd.device)});
+  if (rc == 0) rc = grid.wait();
+  if (rc == 0) rc = *static_cast<int *>(fd.host);
+  memory->release(&fd);
+  *listener_out = rc;
+  return rc < 0 ? rc : 0;
+}
+
+void print_stats(const BlockCounters *counters, unsigned blocks) {
   ServerStats stats;
   unsigned long long mc_connects = 0;
-  for (unsigned b = 0; b < o.blocks; ++b) {
+  for (unsigned b = 0; b < blocks; ++b) {
     const BlockCounters &c = counters[b];
     for (int v = 0; v < 4; ++v) stats.verdicts[v] += c.verdicts[v];
     stats.bad_requests += c.bad_requests;
@@ -389,8 +366,75 @@ int main(int argc, char **argv) {
   }
   stats.print("fv_gpu_server");
   std::printf("fv_gpu_server: memcached connections opened %llu\n", mc_connects);
-  for (MemoryBlock *mb : {&shared_mem, &device_mem}) memory->release(mb);
-  proxy->stop();
+}
+
+}  // namespace
+}  // namespace fv
+
+int main(int argc, char **argv) {
+  using namespace fv;
+  Options o;
+  if (!parse(argc, argv, &o)) {
+    std::fprintf(stderr,
+                 "usage: %s [--blocks B] [--threads T] [--conns C (<= %d)] [--proxies K (<= %d, ports P..P+K-1)] "
+                 "[--max-dim D] [--ring-kib K] [--transport T] [--host-backend] [--seconds S] %s\n",
+                 argv[0], kMaxConnsPerBlock, kMaxProxies, ServerConfig::kUsage);
+    return 2;
+  }
+  install_stop_handlers();
+  const Backend backend = choose_backend(o.force_host);
+  const bool gpu = backend == Backend::kCuda;
+  if (!o.blocks) o.blocks = gpu ? 128 : 4;
+  if (!o.threads) o.threads = gpu ? 256 : 4;  // emulated threads are host threads
+  if (o.blocks < unsigned(o.proxies)) o.blocks = unsigned(o.proxies);
+
+  auto memory = memory_resource_for(backend);
+  std::unique_ptr<Proxy> proxies[kMaxProxies];
+  FaceServerKernel kernel{};
+  kernel.proxies = o.proxies;
+  for (int k = 0; k < o.proxies; ++k) {
+    if (int rc = start_proxy(o, backend, memory.get(), k, &kernel.listener[k], &proxies[k]); rc < 0) {
+      std::fprintf(stderr, "fv_gpu_server: proxy %d, listen on port %d: %s\n", k, o.server.port + k,
+                   gs_status_name(rc));
+      return 1;
+    }
+    kernel.ctx[k] = proxies[k]->device_context();
+  }
+  Params &p = kernel.p;
+  p.conns = o.conns;
+  p.grid = o.server.grid;
+  p.threshold_q16 = o.server.threshold_q16;
+  p.max_dim = o.max_dim;
+  p.mc_timeout_ms = o.server.mc_timeout_ms;
+  p.memcached = o.server.memcached;
+  p.conn_bytes = (kRequestHeaderBytes + size_t(o.max_dim) * o.max_dim + 15) & ~size_t(15);
+  p.block_bytes = (block_bytes(o.conns, p.conn_bytes) + 255) & ~size_t(255);
+  MemoryBlock counters_mem{}, device_mem{};
+  if (memory->allocate(MemoryKind::kHostMapped, sizeof(BlockCounters) * o.blocks, &counters_mem) < 0 ||
+      memory->allocate(MemoryKind::kDevice, p.block_bytes * o.blocks, &device_mem) < 0) {
+    std::fprintf(stderr, "fv_gpu_server: out of memory (%zu bytes of GPU memory)\n", p.block_bytes * o.blocks);
+    return 1;
+  }
+  kernel.memory = static_cast<uint8_t *>(device_mem.device);
+  kernel.counters = static_cast<BlockCounters *>(counters_mem.device);
+  Grid grid;
+  if (int rc = grid.start(backend, {o.blocks, o.threads}, kernel); rc < 0) {
+    std::fprintf(stderr, "fv_gpu_server: launch: %s\n", gs_status_name(rc));
+    return 1;
+  }
+  std::printf("fv_gpu_server: listening on port %d (%s backend, %u blocks x %u threads, %d connections per block, "
+              "%d prox%s on ports %d-%d, grid %u, memcached %s, %s)\n",
+              o.server.port, backend_name(backend), o.blocks, o.threads, o.conns, o.proxies,
+              o.proxies > 1 ? "ies" : "y", o.server.port, o.server.port + o.proxies - 1, p.grid,
+              o.server.memcached_text.c_str(), proxies[0]->placement().c_str());
+  std::fflush(stdout);
+  for (int t = 0; !g_stop && (o.seconds <= 0 || t < o.seconds * 10); ++t) usleep(100000);
+  for (int k = 0; k < o.proxies; ++k) proxies[k]->request_kernel_stop();
+  const int rc = grid.wait();
+  for (int k = 0; k < o.proxies; ++k) proxies[k]->kernel_exited(rc);
+  print_stats(static_cast<const BlockCounters *>(counters_mem.host), o.blocks);
+  for (MemoryBlock *mb : {&counters_mem, &device_mem}) memory->release(mb);
+  for (int k = 0; k < o.proxies; ++k) proxies[k]->stop();
   if (rc < 0) std::fprintf(stderr, "fv_gpu_server: kernel failed: %s\n", grid.last_error());
   return rc < 0 ? 1 : 0;
 }

@@ -33,24 +33,27 @@ load() {
     check "fv_load stored $ids references of ${size}x${size}" grep -q "stored $ids references" "$W/load.out"
   done
 }
-# client NAME SERVER_PORT ARGS...: runs fv_client under the shim; its summary goes to the log.
+# client NAME SERVER ARGS...: runs fv_client under the shim; its summary goes to the log.
 client() {
-  local name=$1 port=$2
+  local name=$1 s=$2
   shift 2
-  env LD_PRELOAD="$PRELOAD" timeout 180 "$BIN/fv_client" --server "127.0.0.1:$port" "${common[@]}" \
-    --pool 64 --label "$name" "$@" >"$W/client-$name.out" 2>&1
+  # shellcheck disable=SC2086
+  env LD_PRELOAD="$PRELOAD" timeout 180 "$BIN/fv_client" --server "127.0.0.1:${port[$s]}" ${ports[$s]:-} \
+    "${common[@]}" --pool 64 --label "$name" "$@" >"$W/client-$name.out" 2>&1
   local rc=$?
   grep -h "fv_client" "$W/client-$name.out"
   return $rc
 }
 
-declare -A port pid
+declare -A port pid ports
 start_server() {
   local s=$1 p=$2
   port[$s]=$p
   local cmd=()
   case $s in
-    gpu) cmd=("$BIN/fv_gpu_server" --host-backend --blocks 3 --threads 4 --conns 4) ;;
+    gpu)  # two proxies (ports p and p + 1): the clients spread over both
+      cmd=("$BIN/fv_gpu_server" --host-backend --blocks 4 --threads 4 --conns 4 --proxies 2)
+      ports[$s]="--ports 2" ;;
     hostcentric) cmd=("$BIN/fv_hostcentric_server" --host-backend --io-threads 2 --batch 8) ;;
     cpu) cmd=(env LD_PRELOAD="$PRELOAD" "$BIN/fv_cpu_server" --workers 2) ;;
   esac
@@ -65,20 +68,20 @@ load
 p=$((base + 1))
 for s in "${servers[@]}"; do
   start_server "$s" $p
-  p=$((p + 1))
+  p=$((p + 2))
 done
 
 for s in "${servers[@]}"; do
-  client "$s-64" "${port[$s]}" --conns 3 --requests 300 --size 64
+  client "$s-64" "$s" --conns 3 --requests 300 --size 64
   check "$s: 300 replies at 64x64 equal the CPU reference" test $? -eq 0
   check "$s: misses answered unknown identity" grep -qE "unknown [1-9]" "$W/client-$s-64.out"
-  client "$s-96" "${port[$s]}" --conns 2 --requests 60 --size 96 --rate 200
+  client "$s-96" "$s" --conns 2 --requests 60 --size 96 --rate 200
   check "$s: 60 open-loop replies at 96x96 equal the CPU reference" test $? -eq 0
 done
 
 # Bad input while a good client runs on its own connections.
 for s in "${servers[@]}"; do
-  client "$s-beside-bad" "${port[$s]}" --conns 2 --requests 200 --size 64 &
+  client "$s-beside-bad" "$s" --conns 2 --requests 200 --size 64 &
   good=$!
   env LD_PRELOAD="$PRELOAD" timeout 120 "$BIN/fv_bad_client" --server "127.0.0.1:${port[$s]}" --size 64 \
     >"$W/bad-$s.out" 2>&1
@@ -91,7 +94,7 @@ done
 
 # memcached killed mid-run, then restarted and reloaded.
 for s in "${servers[@]}"; do
-  client "$s-across-kill" "${port[$s]}" --conns 2 --duration 3 --size 64 --allow-db-errors &
+  client "$s-across-kill" "$s" --conns 2 --duration 3 --size 64 --allow-db-errors &
   pid[$s-across]=$!
 done
 sleep 1
@@ -100,13 +103,13 @@ wait "$MC" 2>/dev/null
 for s in "${servers[@]}"; do
   wait "${pid[$s-across]}"
   check "$s: across the kill every reply was right or a database error" test $? -eq 0
-  client "$s-outage" "${port[$s]}" --conns 2 --requests 10 --size 64 --expect-db-errors
+  client "$s-outage" "$s" --conns 2 --requests 10 --size 64 --expect-db-errors
   check "$s: while memcached is down every reply is a database error" test $? -eq 0
 done
 start_memcached "-restarted"
 load
 for s in "${servers[@]}"; do
-  client "$s-after" "${port[$s]}" --conns 3 --requests 200 --size 64
+  client "$s-after" "$s" --conns 3 --requests 200 --size 64
   check "$s: after the restart every reply is right again" test $? -eq 0
 done
 
