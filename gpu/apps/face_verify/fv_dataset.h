@@ -5,9 +5,10 @@
 // - base_image(seed, id): the "face" of an identity, the same structure at any
 //   size (drawn in a 256 x 256 unit square): two triangle-wave stripe fields
 //   (identity's periods, directions, amplitudes), four soft blobs and a blocky
-//   per-identity texture. Its LBP histograms are what the loader stores.
+//   per-identity texture, plus a per-identity fine grain in [-12, 12] per
+//   pixel. Its LBP histograms are what the loader stores.
 // - probe_image(seed, id, variant): a perturbed copy of the base image: a
-//   brightness shift in [-16, 16] and per-pixel noise in [-3, 3].
+//   brightness shift in [-16, 16] and per-pixel noise in [-2, 2].
 // - request_plan(params, index): what request `index` asks. kind by hash:
 //   match_pct% genuine (probe of the claimed identity), unknown_pct% an
 //   identity never loaded (ids >= identities), the rest impostors (probe of
