@@ -21,7 +21,6 @@
 #include <sys/epoll.h>
 
 #include <memory>
-#include <mutex>
 #include <thread>
 
 namespace fv {
@@ -41,36 +40,23 @@ class Worker {
 
   int start() {
     epfd_ = epoll_create1(0);
-    if (epfd_ < 0 || pipe(wake_) < 0) return -errno;
+    if (epfd_ < 0) return -errno;
+    if (int rc = inbox_.open(); rc < 0) return rc;
     epoll_event ev{};
     ev.events = EPOLLIN;
-    ev.data.ptr = nullptr;  // the wake-up pipe
-    if (epoll_ctl(epfd_, EPOLL_CTL_ADD, wake_[0], &ev) < 0) return -errno;
+    ev.data.ptr = nullptr;  // the inbox's wake-up fd
+    if (epoll_ctl(epfd_, EPOLL_CTL_ADD, inbox_.wake_fd(), &ev) < 0) return -errno;
     thread_ = std::thread([this] { run(); });
     return 0;
   }
-  void hand(int fd) {  // from the acceptor
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      inbox_.push_back(fd);
-    }
-    const char byte = 1;
-    if (write(wake_[1], &byte, 1) < 0) {}  // a full pipe already wakes the worker
-  }
+  Inbox &inbox() { return inbox_; }
   void join() {
     if (thread_.joinable()) thread_.join();
   }
 
  private:
   void adopt() {
-    char drain[64];
-    while (read(wake_[0], drain, sizeof drain) == sizeof drain) {}
-    std::vector<int> fds;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      fds.swap(inbox_);
-    }
-    for (int fd : fds) {
+    for (int fd : inbox_.take()) {
       const int one = 1;  // replies are small: no Nagle delay on kernel TCP
       setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
       LibcIo::set_nonblocking(fd);
@@ -89,7 +75,6 @@ class Worker {
   }
 
   void run() {
-    LibcIo::set_nonblocking(wake_[0]);
     epoll_event events[256];
     std::vector<Conn *> ready;
     while (!g_stop) {
@@ -157,25 +142,13 @@ class Worker {
   ServerStats *stats_;
   McClient<LibcIo> mc_;
   uint8_t table_[256];
-  int epfd_ = -1, wake_[2] = {-1, -1};
+  int epfd_ = -1;
   std::thread thread_;
-  std::mutex mutex_;
-  std::vector<int> inbox_;
+  Inbox inbox_;
   std::vector<McKey> keys_;
   std::vector<Reply> replies_;
   std::vector<uint32_t> hists_;
 };
-
-int listen_on(int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  const int one = 1;
-  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  if (fd < 0 || bind(fd, (sockaddr *)&a, sizeof a) < 0 || listen(fd, 1024) < 0) return -errno;
-  return fd;
-}
 
 }  // namespace
 }  // namespace fv
@@ -197,7 +170,7 @@ int main(int argc, char **argv) {
   }
   if (!config.check("fv_cpu_server") || workers < 1) return 2;
   install_stop_handlers();
-  const int listener = listen_on(config.port);
+  const int listener = listen_on<LibcIo>(config.port);
   if (listener < 0) {
     std::fprintf(stderr, "fv_cpu_server: listen on port %d: %s\n", config.port, strerror(-listener));
     return 1;
@@ -214,14 +187,7 @@ int main(int argc, char **argv) {
   std::printf("fv_cpu_server: listening on port %d (%d workers, grid %u, memcached %s)\n", config.port, workers,
               config.grid, config.memcached_text.c_str());
   std::fflush(stdout);
-  for (unsigned next = 0; !g_stop;) {
-    pollfd p{listener, POLLIN, 0};
-    if (poll(&p, 1, 100) <= 0) continue;
-    const int fd = accept(listener, nullptr, nullptr);
-    if (fd < 0) continue;
-    stats.connections.fetch_add(1);
-    pool[next++ % pool.size()]->hand(fd);
-  }
+  accept_loop<LibcIo>(listener, pool, &stats);
   for (auto &w : pool) w->join();
   stats.print("fv_cpu_server");
   return 0;

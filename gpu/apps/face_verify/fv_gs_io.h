@@ -12,6 +12,13 @@ namespace fv {
 struct GsIo {
   static int socket() { return gs_socket(AF_INET, SOCK_STREAM, 0); }
   static int connect(int fd, const sockaddr_in &a) { return gs_connect(fd, (const sockaddr *)&a, sizeof a); }
+  static int bind(int fd, const sockaddr_in &a) { return gs_bind(fd, (const sockaddr *)&a, sizeof a); }
+  static int listen(int fd, int backlog) { return gs_listen(fd, backlog); }
+  static int accept(int fd) { return gs_accept(fd, nullptr, nullptr); }
+  static int reuse_address(int fd) {
+    const int one = 1;
+    return gs_setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  }
   static ssize_t send(int fd, const void *p, size_t n) { return gs_send(fd, p, n, 0); }
   static ssize_t recv(int fd, void *p, size_t n) { return gs_recv(fd, p, n, 0); }
   static int poll(pollfd *fds, nfds_t n, int timeout_ms) { return gs_poll(fds, n, timeout_ms); }

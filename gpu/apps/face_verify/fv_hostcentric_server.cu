@@ -29,7 +29,6 @@
 
 #include <algorithm>
 #include <memory>
-#include <mutex>
 #include <thread>
 
 namespace fv {
@@ -125,19 +124,11 @@ class IoThread {
       b.items.reserve(n);
       b.keys.resize(n);
     }
-    if (pipe(wake_) < 0) return -errno;
-    LibcIo::set_nonblocking(wake_[0]);
+    if (int rc = inbox_.open(); rc < 0) return rc;
     thread_ = std::thread([this] { run(); });
     return 0;
   }
-  void hand(int fd) {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      inbox_.push_back(fd);
-    }
-    const char byte = 1;
-    if (write(wake_[1], &byte, 1) < 0) {}  // a full pipe wakes the thread anyway
-  }
+  Inbox &inbox() { return inbox_; }
   void join() {
     if (thread_.joinable()) thread_.join();
   }
@@ -153,7 +144,7 @@ class IoThread {
       for (Conn *c : graveyard_) delete c;  // closed, out of conns_, in no batch
       graveyard_.clear();
       const bool busy = sets_[0].in_flight || sets_[1].in_flight || !collecting().items.empty();
-      fds.assign(1, pollfd{wake_[0], POLLIN, 0});
+      fds.assign(1, pollfd{inbox_.wake_fd(), POLLIN, 0});  // gs_poll mixes kernel fds and gpusock sockets
       for (Conn *c : conns_) fds.push_back(pollfd{c->fd, POLLIN, 0});
       const int n = GsIo::poll(fds.data(), fds.size(), busy ? 0 : 100);  // spin while work is under way
       if (n > 0) {
@@ -167,14 +158,10 @@ class IoThread {
   }
 
   void adopt() {
-    char drain[64];
-    while (read(wake_[0], drain, sizeof drain) == sizeof drain) {}
-    std::lock_guard<std::mutex> lock(mutex_);
-    for (int fd : inbox_) {
+    for (int fd : inbox_.take()) {
       GsIo::set_nonblocking(fd);
       conns_.push_back(new Conn{fd, {}});
     }
-    inbox_.clear();
   }
 
   void close_conn(Conn *c) {
@@ -305,24 +292,9 @@ class IoThread {
   int cur_ = 0;
   uint64_t dispatched_ = 0;
   std::vector<Conn *> conns_, graveyard_;
-  int wake_[2] = {-1, -1};
   std::thread thread_;
-  std::mutex mutex_;
-  std::vector<int> inbox_;
+  Inbox inbox_;
 };
-
-int listen_on(int port) {
-  const int fd = gs_socket(AF_INET, SOCK_STREAM, 0);
-  const int one = 1;
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  if (fd < 0) return fd;
-  gs_setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  int rc = gs_bind(fd, (const sockaddr *)&a, sizeof a);
-  if (rc == 0) rc = gs_listen(fd, 1024);
-  return rc < 0 ? rc : fd;
-}
 
 bool parse(int argc, char **argv, Config *c) {
   Flags f{argc, argv};
@@ -359,7 +331,7 @@ int main(int argc, char **argv) {
   const Backend backend = gpusock::choose_backend(c.force_host);
   if (!c.threads) c.threads = backend == Backend::kCuda ? 256 : 4;  // emulated threads are host threads
   BatchDevice device(backend);
-  const int listener = listen_on(c.server.port);
+  const int listener = listen_on<GsIo>(c.server.port);
   if (listener < 0) {
     std::fprintf(stderr, "fv_hostcentric_server: listen on port %d: %s (%s)\n", c.server.port,
                  gs_status_name(listener), gs_last_error());
@@ -379,14 +351,7 @@ int main(int argc, char **argv) {
               c.server.port, gpusock::backend_name(backend), c.io_threads, c.batch, c.batch_timeout_us, c.server.grid,
               c.server.memcached_text.c_str());
   std::fflush(stdout);
-  for (unsigned next = 0; !g_stop;) {
-    pollfd p{listener, POLLIN, 0};
-    if (gs_poll(&p, 1, 100) <= 0) continue;
-    const int fd = gs_accept(listener, nullptr, nullptr);
-    if (fd < 0) continue;
-    stats.connections.fetch_add(1);
-    pool[next++ % pool.size()]->hand(fd);
-  }
+  accept_loop<GsIo>(listener, pool, &stats);
   for (auto &t : pool) t->join();
   stats.print("fv_hostcentric_server");
   return 0;

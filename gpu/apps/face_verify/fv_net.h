@@ -31,6 +31,13 @@ inline uint64_t now_ns() {
 struct LibcIo {
   static int socket() { return ::socket(AF_INET, SOCK_STREAM, 0); }  // no SOCK_NONBLOCK: librspreload
   static int connect(int fd, const sockaddr_in &a) { return ::connect(fd, (const sockaddr *)&a, sizeof a); }
+  static int bind(int fd, const sockaddr_in &a) { return ::bind(fd, (const sockaddr *)&a, sizeof a); }
+  static int listen(int fd, int backlog) { return ::listen(fd, backlog); }
+  static int accept(int fd) { return ::accept(fd, nullptr, nullptr); }
+  static int reuse_address(int fd) {
+    const int one = 1;
+    return ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  }
   static ssize_t send(int fd, const void *p, size_t n) { return ::send(fd, p, n, MSG_NOSIGNAL); }
   static ssize_t recv(int fd, void *p, size_t n) { return ::recv(fd, p, n, 0); }
   static int poll(pollfd *fds, nfds_t n, int timeout_ms) { return ::poll(fds, n, timeout_ms); }

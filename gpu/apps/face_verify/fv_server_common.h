@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -125,6 +126,67 @@ inline void install_stop_handlers() {
   signal(SIGINT, [](int) { g_stop = 1; });
   signal(SIGTERM, [](int) { g_stop = 1; });
   signal(SIGPIPE, SIG_IGN);
+}
+
+// New connections for a worker thread: the acceptor pushes, the worker takes
+// when its wake-up fd (a pipe it polls with its sockets) turns readable.
+class Inbox {
+ public:
+  int open() {
+    if (pipe(wake_) < 0) return -errno;
+    return LibcIo::set_nonblocking(wake_[0]) < 0 ? -errno : 0;
+  }
+  int wake_fd() const { return wake_[0]; }
+  void push(int fd) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      fds_.push_back(fd);
+    }
+    const char byte = 1;
+    if (write(wake_[1], &byte, 1) < 0) {}  // a full pipe wakes the worker anyway
+  }
+  std::vector<int> take() {
+    char drain[64];
+    while (read(wake_[0], drain, sizeof drain) == sizeof drain) {}
+    std::vector<int> fds;
+    std::lock_guard<std::mutex> lock(mutex_);
+    fds.swap(fds_);
+    return fds;
+  }
+
+ private:
+  int wake_[2] = {-1, -1};
+  std::mutex mutex_;
+  std::vector<int> fds_;
+};
+
+// A listening socket on port (any address), or a negated errno.
+template <class Io>
+int listen_on(int port) {
+  const int fd = static_cast<int>(status_of(Io::socket()));
+  if (fd < 0) return fd;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  Io::reuse_address(fd);
+  long rc = status_of(Io::bind(fd, a));
+  if (rc == 0) rc = status_of(Io::listen(fd, 1024));
+  if (rc < 0) Io::close(fd);
+  return rc < 0 ? static_cast<int>(rc) : fd;
+}
+
+// Accepts until the stop flag and hands the connections round robin to the
+// workers' inboxes.
+template <class Io, class Workers>
+void accept_loop(int listener, Workers &workers, ServerStats *stats) {
+  for (size_t next = 0; !g_stop;) {
+    pollfd p{listener, POLLIN, 0};
+    if (status_of(Io::poll(&p, 1, 100)) <= 0) continue;
+    const int fd = static_cast<int>(status_of(Io::accept(listener)));
+    if (fd < 0) continue;
+    stats->connections.fetch_add(1);
+    workers[next++ % workers.size()]->inbox().push(fd);
+  }
 }
 
 }  // namespace fv
