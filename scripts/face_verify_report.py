@@ -137,11 +137,12 @@ def main():
     for row in ratios:
         t, l, cpu = (row.get("gpu_over_hostcentric_throughput"), row.get("hostcentric_over_gpu_p50"),
                      row.get("gpu_over_cpu_throughput"))
-        met = "met" if t and l and t >= TARGET_THROUGHPUT and l >= TARGET_LATENCY else "not met"
         line = f"{row['size']:>4}x{row['size']:<3}"
-        line += f" GPU-native/host-centric throughput {t:.2f}x," if t else " (no GPU-native/host-centric pair),"
-        line += f" median latency 1/{l:.2f}" if l else ""
-        line += f" [{met}]"
+        if t and l:
+            met = "met" if t >= TARGET_THROUGHPUT and l >= TARGET_LATENCY else "not met"
+            line += f" GPU-native/host-centric throughput {t:.2f}x, median latency 1/{l:.2f} [{met}]"
+        else:
+            line += " (no GPU-native/host-centric pair)"
         if cpu:
             line += f"; GPU-native/CPU throughput {cpu:.2f}x"
             if row["size"] == a.default_size:
