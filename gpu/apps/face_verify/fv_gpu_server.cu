@@ -30,6 +30,7 @@ namespace {
 using namespace gpusock;
 
 inline constexpr int kMaxConnsPerBlock = 16;
+inline constexpr uint32_t kIdleSleepNs = 1000000;  // a block without connections looks at the listener this often
 inline constexpr size_t kMcBufferBytes = (kMcMaxLine + kMaxRecordBytes + 7 + 15) & ~size_t(15);
 
 // What a block counts (host-mapped; written once, when the kernel ends).
@@ -114,10 +115,15 @@ struct BlockServer {
     sync_block();
     for (unsigned iter = 1;; ++iter) {
       if ((iter & 63) == 0 && gshould_stop(ctx)) break;
-      const int timeout = watch_listener(m, &st);
-      const int ready = gpoll(ctx, m.polls, p.conns + 1, timeout);
+      const bool idle = !watch_listener(m, &st);
+      // A block without connections looks once and sleeps; one with
+      // connections waits for them (and, now and then, the listener).
+      const int ready = gpoll(ctx, m.polls, p.conns + 1, idle ? 0 : 1);
       if (ready < 0) break;  // -ESHUTDOWN
-      if (ready == 0) continue;
+      if (ready == 0) {
+        if (idle) pause_ns(kIdleSleepNs);
+        continue;
+      }
       if (m.polls[0].revents & POLLIN) accept_one(m, &st);
       for (int i = 1; i <= p.conns; ++i)
         if (m.polls[i].fd >= 0 && m.polls[i].revents) serve(m, s, i, &st);
@@ -128,22 +134,22 @@ struct BlockServer {
     if (thread_rank() == 0) counters[block_index()] = st.n;
   }
 
-  // Whether this round polls the listener; returns the gpoll timeout. Every
+  // Whether this round polls the listener; false when the block has no
+  // connection (it polls the listener alone, then sleeps kIdleSleepNs). Every
   // block reading the listener's status line on every poll would queue them
-  // all at the host bridge: a block with connections looks at it once a
-  // millisecond, one without any on every poll.
-  GS_HD int watch_listener(const BlockMemory &m, BlockState *st) const {
+  // all at the host bridge (one line: < 1 M reads/s for all blocks together,
+  // docs/gpu.md), so a block looks at it every (connections + 1) ms: idle
+  // blocks most often, so new connections spread over the blocks.
+  GS_HD bool watch_listener(const BlockMemory &m, BlockState *st) const {
     int used = 0;
     for (int i = 1; i <= p.conns; ++i) used += m.polls[i].fd >= 0;
-    bool watch = false;
     if (thread_rank() == 0) {
       const uint64_t now = gpusock::now_ns();
-      watch = used < p.conns && (used == 0 || now - st->listener_checked > 1000000);
+      const bool watch = used < p.conns && now - st->listener_checked >= uint64_t(used + 1) * kIdleSleepNs;
       if (watch) st->listener_checked = now;
       m.polls[0].events = watch ? POLLIN : 0;
     }
-    watch = BlockScope::broadcast(watch);
-    return watch ? 100 : 1;
+    return used > 0;  // every thread counted the same connections
   }
 
   GS_HD void accept_one(const BlockMemory &m, BlockState *st) const {
