@@ -19,18 +19,15 @@
 //
 // Only one transport's peers run at a time, so idle servers never compete for
 // the CPUs with the benchmark being measured. Numbers are reported, never judged.
+#include "test-support/peer_process.h"
+#include "test-support/sockets.h"
+#include "test-support/timing.h"
 #include "wire/transport.h"
 
 #include <benchmark/benchmark.h>
 
-#include <arpa/inet.h>
-#include <fcntl.h>
 #include <netinet/in.h>
-#include <poll.h>
 #include <signal.h>
-#include <spawn.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -46,11 +43,9 @@
 #include <thread>
 #include <vector>
 
-extern char **environ;
-
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using namespace gpusock::test;  // Clock, Deadline, free_port, loopback, PeerProcess, sibling_binary
 using gpusock::wire::Completion;
 using gpusock::wire::CompletionKind;
 using gpusock::wire::CmEvent;
@@ -71,138 +66,14 @@ uint64_t writes_per_burst(size_t size) { return std::max<uint64_t>(1, kBurstByte
 // ---------------------------------------------------------------------------
 // Child processes
 
-std::string self_dir() {
-  char path[4096];
-  ssize_t n = readlink("/proc/self/exe", path, sizeof path - 1);
-  if (n <= 0) return ".";
-  path[n] = '\0';
-  std::string s = path;
-  return s.substr(0, s.rfind('/'));
-}
-
-std::string self_exe() { return self_dir() + "/bench_wire"; }
-
 std::string gs_echo_path() {
   const char *env = std::getenv("GS_ECHO");
-  return env != nullptr && *env != '\0' ? env : self_dir() + "/gs_echo";
+  return env != nullptr && *env != '\0' ? env : sibling_binary("gs_echo");
 }
 
-// Reads newline-terminated lines from a pipe with a deadline.
-class LineReader {
- public:
-  explicit LineReader(int fd = -1) : fd_(fd) {}
-  int fd() const { return fd_; }
-  bool read_line(std::string *line, double timeout_s) {
-    auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
-    for (;;) {
-      size_t newline = buffer_.find('\n');
-      if (newline != std::string::npos) {
-        *line = buffer_.substr(0, newline);
-        buffer_.erase(0, newline + 1);
-        return true;
-      }
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-      if (left <= 0) return false;
-      pollfd pfd{fd_, POLLIN, 0};
-      int ready = ::poll(&pfd, 1, static_cast<int>(std::min<long long>(left, 1000)));
-      if (ready < 0 && errno != EINTR) return false;
-      if (ready <= 0) continue;
-      char chunk[512];
-      ssize_t n = ::read(fd_, chunk, sizeof chunk);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) return false;
-      buffer_.append(chunk, static_cast<size_t>(n));
-    }
-  }
-
- private:
-  int fd_;
-  std::string buffer_;
-};
-
-struct Child {
-  pid_t pid = -1;
-  int stdin_fd = -1;  // our end of its stdin, or -1
-  LineReader out;     // its stdout
-};
-
-// posix_spawn (not fork): the parent may have libfabric initialised.
-bool spawn_child(const std::vector<std::string> &args, bool with_stdin, Child *child, std::string *error) {
-  int out_pipe[2];
-  int in_pipe[2] = {-1, -1};
-  if (pipe2(out_pipe, O_CLOEXEC) != 0 || (with_stdin && pipe2(in_pipe, O_CLOEXEC) != 0)) {
-    *error = std::string("pipe: ") + std::strerror(errno);
-    return false;
-  }
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, out_pipe[1], STDOUT_FILENO);
-  if (with_stdin) posix_spawn_file_actions_adddup2(&actions, in_pipe[0], STDIN_FILENO);
-  std::vector<char *> argv;
-  for (const auto &a : args) argv.push_back(const_cast<char *>(a.c_str()));
-  argv.push_back(nullptr);
-  pid_t pid = -1;
-  int rc = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  close(out_pipe[1]);
-  if (with_stdin) close(in_pipe[0]);
-  if (rc != 0) {
-    close(out_pipe[0]);
-    if (with_stdin) close(in_pipe[1]);
-    *error = "spawn " + args[0] + ": " + std::strerror(rc);
-    return false;
-  }
-  child->pid = pid;
-  child->stdin_fd = with_stdin ? in_pipe[1] : -1;
-  child->out = LineReader(out_pipe[0]);
-  return true;
-}
-
-// Closes its stdin (a drive leaves on EOF), then SIGTERM, then SIGKILL.
-void stop_child(Child *child) {
-  if (child->stdin_fd >= 0) close(child->stdin_fd);
-  child->stdin_fd = -1;
-  if (child->pid > 0) {
-    auto start = Clock::now();
-    bool terminated = false;
-    for (;;) {
-      int status = 0;
-      pid_t done = waitpid(child->pid, &status, WNOHANG);
-      if (done == child->pid || (done < 0 && errno != EINTR)) break;
-      double waited = std::chrono::duration<double>(Clock::now() - start).count();
-      if (!terminated && waited > 0.2) {
-        kill(child->pid, SIGTERM);
-        terminated = true;
-      }
-      if (waited > 5) {
-        kill(child->pid, SIGKILL);
-        waitpid(child->pid, &status, 0);
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-  }
-  child->pid = -1;
-  if (child->out.fd() >= 0) close(child->out.fd());
-  child->out = LineReader();
-}
-
-// A port that is free now (the kernel's choice); both kernel and fabric:tcp
-// listeners bind it right after.
-int free_port(std::vector<int> *holders) {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in sin{};
-  sin.sin_family = AF_INET;
-  sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof sin;
-  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr *>(&sin), sizeof sin) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr *>(&sin), &len) != 0) {
-    if (fd >= 0) close(fd);
-    return 0;
-  }
-  holders->push_back(fd);  // held until all ports are picked, so they differ
-  return ntohs(sin.sin_port);
-}
+// Children get this long to leave by themselves (a drive does on EOF of its
+// stdin) before SIGTERM.
+constexpr int kChildGraceMs = 200;
 
 void release_ports(std::vector<int> *holders) {
   for (int fd : *holders) close(fd);
@@ -230,8 +101,8 @@ void release_peer() {
 class SocketPeer : public Peer {
  public:
   ~SocketPeer() override {
-    stop_child(&drive_);
-    stop_child(&server_);
+    drive_.stop(kChildGraceMs);
+    server_.stop(kChildGraceMs);
   }
 
   bool start(const std::string &transport, std::string *error) {
@@ -242,24 +113,23 @@ class SocketPeer : public Peer {
     std::string exe = gs_echo_path();
     std::vector<std::string> common = {"--transport", transport, "--addr", "127.0.0.1", "--port",
                                        std::to_string(echo_port), "--sink-port", std::to_string(sink_port)};
-    std::vector<std::string> server_args = {exe, "server"};
+    std::vector<std::string> server_args = {"server"};
     server_args.insert(server_args.end(), common.begin(), common.end());
-    if (!spawn_child(server_args, false, &server_, error)) return false;
+    if (!server_.spawn(exe, server_args, {.out = true}, error)) return false;
     std::string line;
     while (line.find("listening") == std::string::npos) {
-      if (!server_.out.read_line(&line, kStartTimeoutS)) {
+      if (!server_.read_line(&line, kStartTimeoutS)) {
         *error = "gs_echo server (" + transport + ") did not start; see its stderr";
         return false;
       }
     }
     // Its later chatter goes to a closed pipe, which it ignores.
-    close(server_.out.fd());
-    server_.out = LineReader();
+    server_.close_stdout();
 
-    std::vector<std::string> drive_args = {exe, "drive"};
+    std::vector<std::string> drive_args = {"drive"};
     drive_args.insert(drive_args.end(), common.begin(), common.end());
-    if (!spawn_child(drive_args, true, &drive_, error)) return false;
-    if (!drive_.out.read_line(&line, kStartTimeoutS) || line.rfind("ready", 0) != 0) {
+    if (!drive_.spawn(exe, drive_args, {.in = true, .out = true}, error)) return false;
+    if (!drive_.read_line(&line, kStartTimeoutS) || line.rfind("ready", 0) != 0) {
       *error = "gs_echo drive (" + transport + "): " + (line.empty() ? "no answer" : line);
       return false;
     }
@@ -269,11 +139,11 @@ class SocketPeer : public Peer {
   // Runs one command; *ns is how long the drive measured it.
   bool command(const std::string &text, long long *ns, std::string *error) {
     std::string line = text + "\n";
-    if (write(drive_.stdin_fd, line.data(), line.size()) != static_cast<ssize_t>(line.size())) {
+    if (write(drive_.stdin_fd(), line.data(), line.size()) != static_cast<ssize_t>(line.size())) {
       *error = "gs_echo drive went away";
       return false;
     }
-    if (!drive_.out.read_line(&line, 300)) {
+    if (!drive_.read_line(&line, 300)) {
       *error = "gs_echo drive did not answer \"" + text + "\"";
       return false;
     }
@@ -286,8 +156,8 @@ class SocketPeer : public Peer {
   }
 
  private:
-  Child server_;
-  Child drive_;
+  PeerProcess server_;
+  PeerProcess drive_;
 };
 
 template <typename PeerType>
@@ -328,14 +198,6 @@ constexpr size_t kRawReplyBytes = 4096;
 constexpr uint32_t kServerRecvDepth = 512;  // > writes_per_burst(64 KiB) = 256
 constexpr uint32_t kClientRecvDepth = 64;
 constexpr int kMaxOutstanding = 64;
-
-sockaddr_in loopback(int port) {
-  sockaddr_in sin{};
-  sin.sin_family = AF_INET;
-  sin.sin_port = htons(static_cast<uint16_t>(port));
-  sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  return sin;
-}
 
 std::string status_text(int status) { return std::strerror(-status); }
 
@@ -494,7 +356,7 @@ class RawPeer : public Peer {
       if (dst_.handle != nullptr) domain_->deregister_memory(&dst_);
     }
     domain_.reset();
-    stop_child(&server_);
+    server_.stop(kChildGraceMs);
   }
 
   bool start(const std::string &spec, std::string *error) {
@@ -502,9 +364,10 @@ class RawPeer : public Peer {
     int port = free_port(&holders);
     release_ports(&holders);
     // Spawn first: nothing of libfabric is touched here before the child exists.
-    if (!spawn_child({self_exe(), "--raw-server", spec, std::to_string(port)}, false, &server_, error)) return false;
+    if (!server_.spawn(sibling_binary("bench_wire"), {"--raw-server", spec, std::to_string(port)}, {.out = true}, error))
+      return false;
     std::string line;
-    if (!server_.out.read_line(&line, kStartTimeoutS) || line != "ready") {
+    if (!server_.read_line(&line, kStartTimeoutS) || line != "ready") {
       *error = "raw server (" + spec + "): " + (line.empty() ? "no answer" : line);
       return false;
     }
@@ -531,7 +394,7 @@ class RawPeer : public Peer {
       *error = "raw client (" + spec + "): " + status_text(rc);
       return false;
     }
-    auto deadline = Clock::now() + std::chrono::seconds(static_cast<int>(kStartTimeoutS));
+    const Deadline deadline(kStartTimeoutS);
     for (;;) {
       CmEvent event;
       if (ep_->poll_cm(&event) == 1) {
@@ -544,7 +407,7 @@ class RawPeer : public Peer {
           return false;
         }
       }
-      if (Clock::now() > deadline) {
+      if (deadline.passed()) {
         *error = "raw client (" + spec + "): connect timed out";
         return false;
       }
@@ -580,10 +443,10 @@ class RawPeer : public Peer {
 
   // Waits until one more reply than `seen` has arrived.
   bool wait_reply(uint64_t seen, std::string *error) {
-    auto deadline = Clock::now() + std::chrono::seconds(30);
+    const Deadline deadline(30);
     for (uint64_t spins = 0; replies_ <= seen; ++spins) {
       if (!progress(error)) return false;
-      if ((spins & 1023) == 1023 && Clock::now() > deadline) {
+      if ((spins & 1023) == 1023 && deadline.passed()) {
         *error = "no reply from the raw server in 30 s";
         return false;
       }
@@ -622,7 +485,7 @@ class RawPeer : public Peer {
     return true;
   }
 
-  Child server_;
+  PeerProcess server_;
   std::unique_ptr<Domain> domain_;
   std::unique_ptr<Endpoint> ep_;
   std::vector<char> src_mem_, dst_mem_;
@@ -643,15 +506,24 @@ void set_rtt_counters(benchmark::State &state, uint64_t round_trips) {
                                              benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
 }
 
-void BM_SocketRtt(benchmark::State &state, const std::string &transport) {
-  const size_t size = static_cast<size_t>(state.range(0));
+// Every iteration moved `count` messages of `size` bytes.
+void set_bandwidth_counters(benchmark::State &state, uint64_t count, size_t size) {
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * count * size));
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations() * count));
+}
+
+// The benchmark's peer, or nullptr with the benchmark skipped.
+template <typename PeerType>
+PeerType *peer_or_skip(benchmark::State &state, const std::string &key, const std::string &arg) {
   std::string error;
-  auto *peer = acquire_peer<SocketPeer>("socket " + transport, transport, &error);
-  if (peer == nullptr) {
-    state.SkipWithError(error.c_str());
-    return;
-  }
-  const std::string command = "rtt " + std::to_string(size) + " " + std::to_string(kRoundTripsPerBatch);
+  auto *peer = acquire_peer<PeerType>(key, arg, &error);
+  if (peer == nullptr) state.SkipWithError(error.c_str());
+  return peer;
+}
+
+// One drive command per iteration, timed by the drive (manual time).
+void time_drive_command(benchmark::State &state, SocketPeer *peer, const std::string &command) {
+  std::string error;
   for (auto _ : state) {
     long long ns = 0;
     if (!peer->command(command, &ns, &error)) {
@@ -660,41 +532,32 @@ void BM_SocketRtt(benchmark::State &state, const std::string &transport) {
     }
     state.SetIterationTime(static_cast<double>(ns) * 1e-9);
   }
+}
+
+void BM_SocketRtt(benchmark::State &state, const std::string &transport) {
+  const size_t size = static_cast<size_t>(state.range(0));
+  auto *peer = peer_or_skip<SocketPeer>(state, "socket " + transport, transport);
+  if (peer == nullptr) return;
+  time_drive_command(state, peer, "rtt " + std::to_string(size) + " " + std::to_string(kRoundTripsPerBatch));
   set_rtt_counters(state, static_cast<uint64_t>(state.iterations()) * kRoundTripsPerBatch);
   state.SetLabel(transport);
 }
 
 void BM_SocketBandwidth(benchmark::State &state, const std::string &transport) {
   const size_t size = static_cast<size_t>(state.range(0));
-  std::string error;
-  auto *peer = acquire_peer<SocketPeer>("socket " + transport, transport, &error);
-  if (peer == nullptr) {
-    state.SkipWithError(error.c_str());
-    return;
-  }
+  auto *peer = peer_or_skip<SocketPeer>(state, "socket " + transport, transport);
+  if (peer == nullptr) return;
   const uint64_t count = writes_per_burst(size);
-  const std::string command = "bw " + std::to_string(size) + " " + std::to_string(count);
-  for (auto _ : state) {
-    long long ns = 0;
-    if (!peer->command(command, &ns, &error)) {
-      state.SkipWithError(error.c_str());
-      break;
-    }
-    state.SetIterationTime(static_cast<double>(ns) * 1e-9);
-  }
-  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * count * size));
-  state.SetItemsProcessed(static_cast<int64_t>(state.iterations() * count));
+  time_drive_command(state, peer, "bw " + std::to_string(size) + " " + std::to_string(count));
+  set_bandwidth_counters(state, count, size);
   state.SetLabel(transport);
 }
 
 void BM_RawRtt(benchmark::State &state, const std::string &spec) {
   const auto size = static_cast<uint32_t>(state.range(0));
+  auto *peer = peer_or_skip<RawPeer>(state, "raw " + spec, spec);
+  if (peer == nullptr) return;
   std::string error;
-  auto *peer = acquire_peer<RawPeer>("raw " + spec, spec, &error);
-  if (peer == nullptr) {
-    state.SkipWithError(error.c_str());
-    return;
-  }
   for (auto _ : state) {
     uint64_t seen = peer->replies();
     if (!peer->write(size, kReplyFlag | size, &error) || !peer->wait_reply(seen, &error)) {
@@ -708,12 +571,9 @@ void BM_RawRtt(benchmark::State &state, const std::string &spec) {
 
 void BM_RawBandwidth(benchmark::State &state, const std::string &spec) {
   const auto size = static_cast<uint32_t>(state.range(0));
+  auto *peer = peer_or_skip<RawPeer>(state, "raw " + spec, spec);
+  if (peer == nullptr) return;
   std::string error;
-  auto *peer = acquire_peer<RawPeer>("raw " + spec, spec, &error);
-  if (peer == nullptr) {
-    state.SkipWithError(error.c_str());
-    return;
-  }
   const uint64_t count = writes_per_burst(size);
   for (auto _ : state) {
     uint64_t seen = peer->replies();
@@ -725,8 +585,7 @@ void BM_RawBandwidth(benchmark::State &state, const std::string &spec) {
       break;
     }
   }
-  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * count * size));
-  state.SetItemsProcessed(static_cast<int64_t>(state.iterations() * count));
+  set_bandwidth_counters(state, count, size);
   state.SetLabel(spec);
 }
 

@@ -1,7 +1,11 @@
-// Shared helpers of the interop test programs: deterministic byte patterns,
-// FNV-1a checksums, clocks, errno names and tiny argument parsing. Header-only,
-// no dependency on gpusock or librdmacm (the xfer peer is built against both).
+// Shared helpers of the interop test programs: clocks, errno names, addresses
+// and tiny argument parsing; the byte patterns, FNV-1a sums and socket helpers
+// come from test-support. Header-only, no dependency on gpusock's libraries or
+// librdmacm (the xfer peer is built against both).
 #pragma once
+
+#include "test-support/checksum.h"
+#include "test-support/sockets.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -20,45 +24,10 @@
 
 namespace interop {
 
-// A byte stream that depends only on its seed: the sender fills with it, the
-// receiver checks against its own copy, chunk by chunk (any split works).
-class Pattern {
- public:
-  explicit Pattern(uint64_t seed) : state_(seed * 0x9E3779B97F4A7C15ull + 0x2545F4914F6CDD1Dull) {}
-  uint8_t next() {
-    if (left_ == 0) {
-      state_ = state_ * 6364136223846793005ull + 1442695040888963407ull;
-      word_ = state_ ^ (state_ >> 29);
-      left_ = 8;
-    }
-    const uint8_t b = static_cast<uint8_t>(word_);
-    word_ >>= 8;
-    --left_;
-    return b;
-  }
-  void fill(uint8_t *p, size_t n) {
-    for (size_t i = 0; i < n; ++i) p[i] = next();
-  }
-  // Returns the index of the first byte that differs, or n if all match.
-  size_t check(const uint8_t *p, size_t n) {
-    for (size_t i = 0; i < n; ++i)
-      if (p[i] != next()) return i;
-    return n;
-  }
-
- private:
-  uint64_t state_;
-  uint64_t word_ = 0;
-  int left_ = 0;
-};
-
-// FNV-1a 64, updated incrementally.
-struct Fnv {
-  uint64_t h = 1469598103934665603ull;
-  void add(const uint8_t *p, size_t n) {
-    for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
-  }
-};
+// The sender fills with a seeded PatternStream, the receiver checks against its
+// own copy, chunk by chunk (any split works); both print FNV-1a sums.
+using gpusock::test::Fnv1a;
+using gpusock::test::PatternStream;
 
 inline double now_s() {
   timespec ts;

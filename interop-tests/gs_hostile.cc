@@ -89,7 +89,7 @@ struct Peer {
     meta = static_cast<uint8_t *>(page_alloc(4096));
     sbuf = static_cast<uint8_t *>(page_alloc(1 << 18));
     std::memset(ring + 2 * kHalf, kCanaryByte, kCanary);
-    Pattern(77).fill(sbuf, 1 << 18);
+    PatternStream(77).fill(sbuf, 1 << 18);
     if (domain->register_memory(ring, 2 * kHalf + kCanary, w::kAccessRemoteWrite, &ring_mr) < 0 ||
         domain->register_memory(meta, 4096, w::kAccessRemoteWrite, &meta_mr) < 0 ||
         domain->register_memory(sbuf, 1 << 18, w::kAccessLocal, &sbuf_mr) < 0)

@@ -12,8 +12,7 @@
 //           Stops on SIGTERM.
 // Exit status 0 only if everything the client checked passed.
 #include "interop-tests/common.h"
-
-#include <gpusock/socket.h>
+#include "test-support/gs_sockets.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -34,19 +33,7 @@ int g_failures = 0;
 class Conn {
  public:
   explicit Conn(int fd) : fd_(fd) {}
-  bool send_all(const void *p, size_t n) {
-    const auto *b = static_cast<const uint8_t *>(p);
-    while (n > 0) {
-      const ssize_t r = gs_send(fd_, b, n, 0);
-      if (r <= 0) {
-        err_ = r < 0 ? static_cast<int>(r) : -EPIPE;
-        return false;
-      }
-      b += r;
-      n -= static_cast<size_t>(r);
-    }
-    return true;
-  }
+  bool send_all(const void *p, size_t n) { return gpusock::test::send_all(fd_, p, n, &err_); }
   bool send_str(const std::string &s) { return send_all(s.data(), s.size()); }
   bool fill() {
     if (pos_ > 0 && pos_ == buf_.size()) buf_.clear(), pos_ = 0;
@@ -100,12 +87,12 @@ void failf(const char *fmt, ...) {
 
 std::string value_of(size_t n, uint64_t seed) {
   std::string v(n, '\0');
-  Pattern(seed).fill(reinterpret_cast<uint8_t *>(v.data()), n);
+  PatternStream(seed).fill(reinterpret_cast<uint8_t *>(v.data()), n);
   return v;
 }
 
 uint64_t fnv(const std::string &s) {
-  Fnv f;
+  Fnv1a f;
   f.add(reinterpret_cast<const uint8_t *>(s.data()), s.size());
   return f.h;
 }
@@ -140,18 +127,9 @@ bool get_one(Conn &c, const std::string &key, std::string *value, bool *miss) {
 int client(const Args &a) {
   const std::string addr = a.str("addr", std::getenv("RDMA_VM_ADDR") ? std::getenv("RDMA_VM_ADDR") : "127.0.0.1");
   const int port = static_cast<int>(a.num("port", 11211));
-  const sockaddr_in sa = make_addr(addr.c_str(), port);
-  int fd = -1;
-  const double end = now_s() + 20;
-  for (;;) {  // the server may still be starting
-    fd = gs_socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0) return failf("socket: %s", errname(fd)), 1;
-    const int rc = gs_connect(fd, reinterpret_cast<const sockaddr *>(&sa), sizeof sa);
-    if (rc == 0) break;
-    gs_close(fd);
-    if (rc != -ECONNREFUSED || now_s() > end) return failf("connect %s:%d: %s", addr.c_str(), port, errname(rc)), 1;
-    sleep_ms(100);
-  }
+  const char *call = "";  // the server may still be starting: retry a refused connect for 20 s
+  const int fd = gpusock::test::connect_retry(make_addr(addr.c_str(), port), {.seconds = 20, .pause_ms = 100}, &call);
+  if (fd < 0) return failf("%s %s:%d: %s", call, addr.c_str(), port, errname(fd)), 1;
   Conn c(fd);
   const double t0 = now_s();
   std::string l;
@@ -317,13 +295,9 @@ int server(const Args &a) {
   const std::string addr = a.str("addr", std::getenv("RDMA_VM_ADDR") ? std::getenv("RDMA_VM_ADDR") : "127.0.0.1");
   const int port = static_cast<int>(a.num("port", 11211));
   signal(SIGTERM, [](int) { g_stop = 1; });
-  const int lfd = gs_socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
-  if (lfd < 0) return std::printf("FAIL socket: %s (%s)\n", errname(lfd), gs_last_error()), 1;
-  const int one = 1;
-  gs_setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  const sockaddr_in sa = make_addr(addr.c_str(), port);
-  if (gs_bind(lfd, reinterpret_cast<const sockaddr *>(&sa), sizeof sa) < 0 || gs_listen(lfd, 64) < 0)
-    return std::printf("FAIL bind/listen: %s (%s)\n", errname(errno), gs_last_error()), 1;
+  const char *call = "";
+  const int lfd = gpusock::test::listen_on(make_addr(addr.c_str(), port), 64, SOCK_NONBLOCK, &call);
+  if (lfd < 0) return std::printf("FAIL %s: %s (%s)\n", call, errname(lfd), gs_last_error()), 1;
   std::printf("gs_memcache server: listening on %s:%d\n", addr.c_str(), port);
   std::fflush(stdout);
   std::map<std::string, Item> store;

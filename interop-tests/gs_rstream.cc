@@ -17,7 +17,7 @@
 // Exit status 0 only if the whole conversation passed.
 #include "interop-tests/common.h"
 
-#include <gpusock/socket.h>
+#include "test-support/gs_sockets.h"
 
 #include <fcntl.h>
 #include <netinet/tcp.h>
@@ -105,13 +105,9 @@ void set_options(int fd) {
 }
 
 void server_connect() {
-  const int lrs = gs_socket(AF_INET, SOCK_STREAM, 0);
-  if (lrs < 0) die("socket", lrs);
-  const int one = 1;
-  gs_setsockopt(lrs, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  const sockaddr_in a = make_addr(g_src, g_port);
-  if (int rc = gs_bind(lrs, reinterpret_cast<const sockaddr *>(&a), sizeof a); rc < 0) die("bind", rc);
-  if (int rc = gs_listen(lrs, 1); rc < 0) die("listen", rc);
+  const char *call = "";
+  const int lrs = gpusock::test::listen_on(make_addr(g_src, g_port), 1, 0, &call);
+  if (lrs < 0) die(call, lrs);
   set_options(lrs);
   std::printf("gs_rstream: listening on %s:%d\n", g_src, g_port);
   std::fflush(stdout);

@@ -43,49 +43,37 @@
 #ifdef XFER_RSOCKET
 #include <rdma/rsocket.h>
 #else
-#include <gpusock/socket.h>
+#include "test-support/gs_sockets.h"
 #endif
 
 using namespace interop;
 
-namespace api {
-// Every call returns >= 0 or a negated errno, whichever library is underneath.
+// The socket API underneath (test-support/sockets.h): every call returns >= 0
+// or a negated errno, whichever library it is.
 #ifdef XFER_RSOCKET
-constexpr const char *kImpl = "rsocket";
-template <class T>
-T st(T rc) { return rc < 0 ? static_cast<T>(-errno) : rc; }
-inline int socket() { return st(rsocket(AF_INET, SOCK_STREAM, 0)); }
-inline int bind(int fd, const sockaddr_in &a) { return st(rbind(fd, (const sockaddr *)&a, sizeof a)); }
-inline int listen(int fd, int n) { return st(rlisten(fd, n)); }
-inline int accept(int fd) { return st(raccept(fd, nullptr, nullptr)); }
-inline int connect(int fd, const sockaddr_in &a) { return st(rconnect(fd, (const sockaddr *)&a, sizeof a)); }
-inline ssize_t send(int fd, const void *b, size_t n) { return st(rsend(fd, b, n, 0)); }
-inline ssize_t recv(int fd, void *b, size_t n) { return st(rrecv(fd, b, n, 0)); }
-inline int shutdown(int fd, int how) { return st(rshutdown(fd, how)); }
-inline int close(int fd) { return st(rclose(fd)); }
-inline int poll(pollfd *p, nfds_t n, int t) { return st(rpoll(p, n, t)); }
-inline int setsockopt(int fd, int l, int o, const void *v, socklen_t n) { return st(rsetsockopt(fd, l, o, v, n)); }
-inline int getsockopt(int fd, int l, int o, void *v, socklen_t *n) { return st(rgetsockopt(fd, l, o, v, n)); }
-inline int set_nonblock(int fd) { return st(rfcntl(fd, F_SETFL, O_NONBLOCK)); }
-inline const char *last_error() { return ""; }
+struct RsSockets {
+  static constexpr const char *kName = "rsocket";
+  template <class T>
+  static T st(T rc) { return rc < 0 ? static_cast<T>(-errno) : rc; }
+  static int socket(int type_flags = 0) { return st(rsocket(AF_INET, SOCK_STREAM | type_flags, 0)); }
+  static int bind(int fd, const sockaddr_in &a) { return st(rbind(fd, (const sockaddr *)&a, sizeof a)); }
+  static int listen(int fd, int n) { return st(rlisten(fd, n)); }
+  static int accept(int fd) { return st(raccept(fd, nullptr, nullptr)); }
+  static int connect(int fd, const sockaddr_in &a) { return st(rconnect(fd, (const sockaddr *)&a, sizeof a)); }
+  static ssize_t send(int fd, const void *b, size_t n) { return st(rsend(fd, b, n, 0)); }
+  static ssize_t recv(int fd, void *b, size_t n) { return st(rrecv(fd, b, n, 0)); }
+  static int shutdown(int fd, int how) { return st(rshutdown(fd, how)); }
+  static int close(int fd) { return st(rclose(fd)); }
+  static int poll(pollfd *p, nfds_t n, int t) { return st(rpoll(p, n, t)); }
+  static int setsockopt(int fd, int l, int o, const void *v, socklen_t n) { return st(rsetsockopt(fd, l, o, v, n)); }
+  static int getsockopt(int fd, int l, int o, void *v, socklen_t *n) { return st(rgetsockopt(fd, l, o, v, n)); }
+  static int set_nonblock(int fd) { return st(rfcntl(fd, F_SETFL, O_NONBLOCK)); }
+  static const char *last_error() { return ""; }
+};
+using api = RsSockets;
 #else
-constexpr const char *kImpl = "gpusock";
-inline int socket() { return gs_socket(AF_INET, SOCK_STREAM, 0); }
-inline int bind(int fd, const sockaddr_in &a) { return gs_bind(fd, (const sockaddr *)&a, sizeof a); }
-inline int listen(int fd, int n) { return gs_listen(fd, n); }
-inline int accept(int fd) { return gs_accept(fd, nullptr, nullptr); }
-inline int connect(int fd, const sockaddr_in &a) { return gs_connect(fd, (const sockaddr *)&a, sizeof a); }
-inline ssize_t send(int fd, const void *b, size_t n) { return gs_send(fd, b, n, 0); }
-inline ssize_t recv(int fd, void *b, size_t n) { return gs_recv(fd, b, n, 0); }
-inline int shutdown(int fd, int how) { return gs_shutdown(fd, how); }
-inline int close(int fd) { return gs_close(fd); }
-inline int poll(pollfd *p, nfds_t n, int t) { return gs_poll(p, n, t); }
-inline int setsockopt(int fd, int l, int o, const void *v, socklen_t n) { return gs_setsockopt(fd, l, o, v, n); }
-inline int getsockopt(int fd, int l, int o, void *v, socklen_t *n) { return gs_getsockopt(fd, l, o, v, n); }
-inline int set_nonblock(int fd) { return gs_fcntl(fd, F_SETFL, O_NONBLOCK); }
-inline const char *last_error() { return gs_last_error(); }
+using api = gpusock::test::GsSockets;
 #endif
-}  // namespace api
 
 namespace {
 
@@ -140,7 +128,7 @@ void ok(const char *fmt, ...) {
   va_start(ap, fmt);
   std::vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
-  std::printf("OK %s %s %s: %s (%.2fs)\n", api::kImpl, g.role.c_str(), g.kase.c_str(), msg, now_s() - g.t0);
+  std::printf("OK %s %s %s: %s (%.2fs)\n", api::kName, g.role.c_str(), g.kase.c_str(), msg, now_s() - g.t0);
   std::fflush(stdout);
 }
 
@@ -152,24 +140,17 @@ void failf(const char *fmt, ...) {
   std::vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
   const char *le = api::last_error();
-  std::printf("FAIL %s %s %s: %s%s%s%s (%.2fs)\n", api::kImpl, g.role.c_str(), g.kase.c_str(), msg,
+  std::printf("FAIL %s %s %s: %s%s%s%s (%.2fs)\n", api::kName, g.role.c_str(), g.kase.c_str(), msg,
               *le ? " [last_error: " : "", le, *le ? "]" : "", now_s() - g.t0);
   std::fflush(stdout);
   ++g_failures;
 }
 
 int listen_on() {
-  const int fd = api::socket();
+  const char *call = "";
+  const int fd = gpusock::test::listen_on<api>(make_addr(g.addr.c_str(), g.port), 16, 0, &call);
   if (fd < 0) {
-    failf("socket: %s", errname(fd));
-    std::exit(1);
-  }
-  int one = 1;
-  api::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  int rc = api::bind(fd, make_addr(g.addr.c_str(), g.port));
-  if (rc == 0) rc = api::listen(fd, 16);
-  if (rc < 0) {
-    failf("bind/listen %s:%d: %s", g.addr.c_str(), g.port, errname(rc));
+    failf("%s %s:%d: %s", call, g.addr.c_str(), g.port, errname(fd));
     std::exit(1);
   }
   return fd;
@@ -179,24 +160,28 @@ int listen_on() {
 double g_connect_retry_s = 20;  // --retry SECONDS (0: a refused connect fails at once)
 
 int connect_retry() {
-  const double timeout_s = g_connect_retry_s;
-  const double end = now_s() + timeout_s;
-  for (;;) {
-    const int fd = api::socket();
-    if (fd < 0) return fd;
-    const int rc = api::connect(fd, make_addr(g.addr.c_str(), g.port));
-    if (rc == 0) return fd;
-    api::close(fd);
-    if (rc != -ECONNREFUSED || now_s() > end) return rc;
-    sleep_ms(50);
+  return gpusock::test::connect_retry<api>(make_addr(g.addr.c_str(), g.port),
+                                           {.seconds = g_connect_retry_s, .pause_ms = 50});
+}
+
+// The connection of this case: accepted (server) or made (client).
+int connected_socket(int *lfd) {
+  if (g.role == "server") {
+    *lfd = listen_on();
+    const int fd = api::accept(*lfd);
+    if (fd < 0) failf("accept: %s", errname(fd));
+    return fd;
   }
+  const int fd = connect_retry();
+  if (fd < 0) failf("connect: %s", errname(fd));
+  return fd;
 }
 
 // Sends n pattern bytes, handing the whole run to send() at once.
-bool send_pattern(int fd, uint64_t seed, size_t n, Fnv *sum) {
+bool send_pattern(int fd, uint64_t seed, size_t n, Fnv1a *sum) {
   stage("%s: sending %zu bytes (seed %" PRIu64 ")", g.kase.c_str(), n, seed);
   std::vector<uint8_t> buf(n);
-  Pattern(seed).fill(buf.data(), n);
+  PatternStream(seed).fill(buf.data(), n);
   if (sum) sum->add(buf.data(), n);
   size_t off = 0;
   while (off < n) {
@@ -212,10 +197,10 @@ bool send_pattern(int fd, uint64_t seed, size_t n, Fnv *sum) {
 }
 
 // Receives exactly n bytes and checks them against the pattern.
-bool recv_pattern(int fd, uint64_t seed, size_t n, Fnv *sum) {
+bool recv_pattern(int fd, uint64_t seed, size_t n, Fnv1a *sum) {
   stage("%s: waiting for %zu bytes (seed %" PRIu64 ")", g.kase.c_str(), n, seed);
   std::vector<uint8_t> buf(std::min<size_t>(std::max<size_t>(n, 1), 16u << 20));
-  Pattern p(seed);
+  PatternStream p(seed);
   size_t got = 0;
   while (got < n) {
     const ssize_t r = api::recv(fd, buf.data(), std::min(buf.size(), n - got));
@@ -279,7 +264,7 @@ std::string hex(uint64_t v) {
 
 // Sizes and seeds: client→server stream uses seed 2N+1, server→client 2N+2.
 int case_size(size_t n) {
-  Fnv sent, recvd;
+  Fnv1a sent, recvd;
   if (g.role == "server") {
     const int lfd = listen_on();
     const int fd = api::accept(lfd);
@@ -301,15 +286,9 @@ int case_size(size_t n) {
 // who_shuts: "client" or "server" shuts down writing first.
 int case_halfclose(const std::string &who_shuts, size_t n, size_t m) {
   const bool me_first = g.role == who_shuts;
-  int fd, lfd = -1;
-  if (g.role == "server") {
-    lfd = listen_on();
-    fd = api::accept(lfd);
-    if (fd < 0) return failf("accept: %s", errname(fd)), 1;
-  } else {
-    fd = connect_retry();
-    if (fd < 0) return failf("connect: %s", errname(fd)), 1;
-  }
+  int lfd = -1;
+  const int fd = connected_socket(&lfd);
+  if (fd < 0) return 1;
   if (me_first) {
     if (!send_pattern(fd, 11, n, nullptr)) return 1;
     const int rc = api::shutdown(fd, SHUT_WR);
@@ -331,15 +310,9 @@ int case_halfclose(const std::string &who_shuts, size_t n, size_t m) {
 }
 
 int case_close(const std::string &who_closes, size_t n) {
-  int fd, lfd = -1;
-  if (g.role == "server") {
-    lfd = listen_on();
-    fd = api::accept(lfd);
-    if (fd < 0) return failf("accept: %s", errname(fd)), 1;
-  } else {
-    fd = connect_retry();
-    if (fd < 0) return failf("connect: %s", errname(fd)), 1;
-  }
+  int lfd = -1;
+  const int fd = connected_socket(&lfd);
+  if (fd < 0) return 1;
   if (g.role == who_closes) {
     if (!send_pattern(fd, 21, n, nullptr)) return 1;
     const int rc = api::close(fd);  // no shutdown first: close must flush
@@ -375,25 +348,13 @@ int case_close(const std::string &who_closes, size_t n) {
   return 0;
 }
 
-int connected_socket(int *lfd) {
-  if (g.role == "server") {
-    *lfd = listen_on();
-    const int fd = api::accept(*lfd);
-    if (fd < 0) failf("accept: %s", errname(fd));
-    return fd;
-  }
-  const int fd = connect_retry();
-  if (fd < 0) failf("connect: %s", errname(fd));
-  return fd;
-}
-
 // Streams until the connection breaks (the runner kills the other side).
 int case_blast() {
   int lfd = -1;
   const int fd = connected_socket(&lfd);
   if (fd < 0) return 1;
   std::vector<uint8_t> buf(1 << 16);
-  Pattern p(31);
+  PatternStream p(31);
   uint64_t sent = 0;
   for (;;) {
     p.fill(buf.data(), buf.size());
@@ -411,7 +372,7 @@ int case_sink(const std::string &ready_file) {
   const int fd = connected_socket(&lfd);
   if (fd < 0) return 1;
   std::vector<uint8_t> buf(1 << 16);
-  Pattern p(31);
+  PatternStream p(31);
   uint64_t got = 0;
   bool announced = false;
   long probes = 0;
@@ -484,7 +445,7 @@ int case_pollhup(size_t n) {
 size_t seq_size(int i) { return 1 + (static_cast<size_t>(i) * 104729u) % 400000u; }
 
 int case_seq(int conns) {
-  Fnv all;
+  Fnv1a all;
   int lfd = g.role == "server" ? listen_on() : -1;
   for (int i = 0; i < conns; ++i) {
     const size_t n = seq_size(i);

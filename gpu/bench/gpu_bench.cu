@@ -19,6 +19,7 @@
 //             [--p5-mib M] [--p6-blocks B] [--p6-ms MS] [--threads T] [--rings BYTES]
 // The CPU peers are gpu_test_peer processes beside this binary.
 #include "gpu/tests/harness.h"
+#include "test-support/timing.h"
 
 #include <gpusock/gpu.cuh>
 
@@ -28,7 +29,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-#include <chrono>
 #include <cstring>
 
 namespace {
@@ -53,6 +53,24 @@ GS_HD void publish_done(BenchResult *r) {
 #else
   __atomic_store_n(&r->done, 1, __ATOMIC_RELEASE);
 #endif
+}
+
+// What a kernel's leader thread tells the host (`done` last, for the host to
+// poll); the other threads of the block tell nothing.
+struct Report {
+  long long error;
+  unsigned long long ns = 0;
+  unsigned long long bytes = 0;
+  unsigned long long count = 0;
+};
+
+GS_HD void report(BenchResult *r, const Report &what) {
+  if (thread_rank() != 0) return;
+  r->error = what.error;
+  r->ns = what.ns;
+  r->bytes = what.bytes;
+  r->count = what.count;
+  publish_done(r);
 }
 
 GS_HD int connect_retry(const DeviceContext &ctx, int port) {
@@ -86,9 +104,7 @@ struct FloorKernel {
       while (prim::load_acquire(to_gpu) != static_cast<uint64_t>(i)) {
       }
     }
-    out->ns = now_ns() - t0;
-    out->error = 0;
-    publish_done(out);
+    report(out, {.error = 0, .ns = now_ns() - t0});
   }
 };
 
@@ -133,11 +149,8 @@ struct MicroKernel {
           break;
       }
     }
-    BenchResult *r = out + block_index();
-    r->ns = now_ns() - t0;
-    r->count = static_cast<unsigned long long>(iters);
-    r->bytes = sink;
-    publish_done(r);
+    report(out + block_index(),
+           {.error = 0, .ns = now_ns() - t0, .bytes = sink, .count = static_cast<unsigned long long>(iters)});
   }
   GS_HD static unsigned long long atomic_add_dev(unsigned long long *p) { return prim::atomic_add(p, 1ull); }
 };
@@ -154,11 +167,7 @@ struct DoorbellKernel {
     for (int i = 0; i < iters && rc == 0; ++i) rc = gnop(ctx, s);
     const unsigned long long ns = now_ns() - t0;
     if (s >= 0) gclose(ctx, s);
-    if (thread_rank() == 0) {
-      out->error = rc;
-      out->ns = ns;
-      publish_done(out);
-    }
+    report(out, {.error = rc, .ns = ns});
   }
 };
 
@@ -180,13 +189,7 @@ struct RequestRateKernel {
     }
     t = now_ns();
     if (s >= 0) gclose(ctx, s);
-    if (thread_rank() == 0) {
-      BenchResult *r = out + block_index();
-      r->error = rc;
-      r->ns = t - t0;
-      r->count = n;
-      publish_done(r);
-    }
+    report(out + block_index(), {.error = rc, .ns = t - t0, .count = n});
   }
 };
 
@@ -210,11 +213,7 @@ struct PingPongKernel {
     }
     const unsigned long long ns = now_ns() - t0;
     if (s >= 0) gclose(ctx, s);
-    if (thread_rank() == 0) {
-      out->error = rc;
-      out->ns = ns;
-      publish_done(out);
-    }
+    report(out, {.error = rc, .ns = ns});
   }
 };
 
@@ -227,11 +226,7 @@ struct ListenKernel {
     const sockaddr_in a = ipv4_address(127, 0, 0, 1, static_cast<uint16_t>(port));
     int rc = s < 0 ? s : gbind(ctx, s, reinterpret_cast<const sockaddr *>(&a), sizeof a);
     if (rc == 0) rc = glisten(ctx, s, 16);
-    if (thread_rank() == 0) {
-      out->error = rc;
-      out->count = static_cast<unsigned long long>(s);
-      publish_done(out);
-    }
+    report(out, {.error = rc, .count = static_cast<unsigned long long>(s)});
   }
 };
 
@@ -257,11 +252,7 @@ struct EchoServerKernel {
       bytes += static_cast<unsigned long long>(n);
     }
     if (c >= 0) gclose(ctx, c);
-    if (thread_rank() == 0) {
-      out->error = rc;
-      out->bytes = bytes;
-      publish_done(out);
-    }
+    report(out, {.error = rc, .bytes = bytes});
   }
 };
 
@@ -293,11 +284,7 @@ struct DrainServerKernel {
       if (k != sizeof *count && rc == 0) rc = -EIO;
       gclose(ctx, c);
     }
-    if (thread_rank() == 0) {
-      out->error = rc;
-      out->bytes = total;
-      publish_done(out);
-    }
+    report(out, {.error = rc, .bytes = total});
   }
 };
 
@@ -333,12 +320,7 @@ struct StreamKernel {
     }
     const unsigned long long ns = now_ns() - t0;
     if (s >= 0) gclose(ctx, s);
-    if (thread_rank() == 0) {
-      out->error = rc;
-      out->ns = ns;
-      out->bytes = sent;
-      publish_done(out);
-    }
+    report(out, {.error = rc, .ns = ns, .bytes = sent});
   }
 };
 
@@ -469,13 +451,13 @@ int main(int argc, char **argv) {
               }
           });
         }
-        const auto t0 = std::chrono::steady_clock::now();
+        const test::Stopwatch watch;
         const int rc = grid.start(backend, LaunchShape{static_cast<unsigned>(blocks), 32, 0},
                                   MicroKernel{mode, n, static_cast<uint64_t *>(lines.device),
                                               static_cast<unsigned long long *>(counter.device),
                                               static_cast<BenchResult *>(outs.device)});
         const int wrc = rc == 0 ? grid.wait() : rc;
-        const double wall = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
+        const double wall = watch.ns();
         quit = true;
         if (server.joinable()) server.join();
         unsigned long long max_ns = 0;
@@ -572,9 +554,9 @@ int main(int argc, char **argv) {
                      EchoServerKernel{ctx, listener, static_cast<uint8_t *>(big.device), 1u << 16, res_dev + slot}) ==
           0) {
         const ProxyStats s0 = proxy->stats();
-        const auto t0 = std::chrono::steady_clock::now();
+        const test::Stopwatch watch;
         gpu_ns = run_client({"pingpong", std::to_string(gpu_port), "64", std::to_string(iters), tmp}, tmp, 60000);
-        const double wall = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
+        const double wall = watch.ns();
         const ProxyStats s1 = proxy->stats();
         std::printf("  (proxy during P4: %.0f ns/pass, %.2f requests per round trip)\n",
                     wall / std::max<double>(1, double(s1.passes - s0.passes)),
@@ -649,14 +631,14 @@ int main(int argc, char **argv) {
       const bool main_case = blocks == p6_blocks;
       const int ms = main_case ? p6_ms : std::max(100, p6_ms / 4);
       const ProxyStats s0 = proxy->stats();
-      const auto t0 = std::chrono::steady_clock::now();
+      const test::Stopwatch watch;
       std::memset(rh, 0, size_t(blocks) * sizeof(BenchResult));
       char name[48];
       std::snprintf(name, sizeof name, main_case ? "p6_requests" : "p6_requests_%dblocks", blocks);
       if (grid.start(backend, LaunchShape{static_cast<unsigned>(blocks), p6_threads, 0},
                      RequestRateKernel{ctx, uint64_t(ms) * 1000000ull, rd}) == 0 &&
           grid.wait() == 0) {
-        const double wall_ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
+        const double wall_ns = watch.ns();
         const ProxyStats s1 = proxy->stats();
         unsigned long long total = 0, max_ns = 0;
         long long err = 0;

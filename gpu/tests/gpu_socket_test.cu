@@ -6,7 +6,7 @@
 // the GPU (label gpu_device; exits 77 = skipped where there is no GPU). The
 // transport comes from GPUSOCK_TRANSPORT, which ctest sets per run.
 #include "gpu/tests/harness.h"
-#include "gpu/tests/pattern.h"
+#include "test-support/checksum.h"
 
 #include <gpusock/gpu.cuh>
 #include <gtest/gtest.h>
@@ -724,10 +724,10 @@ TEST_F(GpuSockets, WarpsEachOwnConnections) {
 }
 
 std::string expected_sink_reply(uint64_t n, uint32_t seed) {
-  uint64_t h = 1469598103934665603ull;
-  for (uint64_t i = 0; i < n; ++i) h = (h ^ pattern_byte(i, seed)) * 1099511628211ull;
+  Fnv1a sum;
+  for (uint64_t i = 0; i < n; ++i) sum.add(pattern_byte(i, seed));
   char buf[64];
-  std::snprintf(buf, sizeof buf, "%" PRIu64 " %016" PRIx64, n, h);
+  std::snprintf(buf, sizeof buf, "%" PRIu64 " %016" PRIx64, n, sum.h);
   return buf;
 }
 

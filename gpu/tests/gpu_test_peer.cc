@@ -23,160 +23,32 @@
 //                                        read an 8-byte count; writes MB/s to OUTFILE
 //   drain    PORT COUNT CHUNK            COUNT times: accept, read to EOF in CHUNK-byte
 //                                        reads, reply with the 8-byte count, close
-#include "gpu/tests/pattern.h"
+#include "test-support/peer_modes.h"
+#include "test-support/timing.h"
 
-#include <gpusock/socket.h>
-
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <signal.h>
-#include <unistd.h>
 
-#include <chrono>
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <map>
 #include <random>
 #include <string>
 #include <vector>
 
 namespace {
 
-using gpusock::test::fnv1a;
-using gpusock::test::pattern_byte;
-using Clock = std::chrono::steady_clock;
-
-volatile sig_atomic_t g_stop = 0;
-
-sockaddr_in loopback(int port) {
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  return a;
-}
-
-[[noreturn]] void die(int code, const char *what, long rc) {
-  std::fprintf(stderr, "gpu_test_peer: %s: %s (%s)\n", what, gs_status_name(static_cast<int>(rc)), gs_last_error());
-  std::exit(code);
-}
-
-int listen_on(int port, int flags) {
-  int fd = gs_socket(AF_INET, SOCK_STREAM | flags, 0);
-  if (fd < 0) die(2, "socket", fd);
-  int one = 1;
-  gs_setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  sockaddr_in a = loopback(port);
-  if (int rc = gs_bind(fd, reinterpret_cast<sockaddr *>(&a), sizeof a); rc < 0) die(2, "bind", rc);
-  if (int rc = gs_listen(fd, 256); rc < 0) die(2, "listen", rc);
-  return fd;
-}
+using namespace gpusock::test;
 
 // The GPU side may not be listening yet: retry for 20 s.
 int connect_to(int port) {
-  sockaddr_in a = loopback(port);
-  const auto end = Clock::now() + std::chrono::seconds(20);
-  for (;;) {
-    int fd = gs_socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0) die(2, "socket", fd);
-    int rc = gs_connect(fd, reinterpret_cast<sockaddr *>(&a), sizeof a);
-    if (rc == 0) return fd;
-    gs_close(fd);
-    if (Clock::now() > end) die(5, "connect", rc);
-    usleep(10000);
-  }
+  const char *call = "";
+  const int fd = connect_retry(loopback(port), RetryPolicy{.seconds = 20, .pause_ms = 10, .any_error = true}, &call);
+  if (fd < 0) die(std::strcmp(call, "socket") == 0 ? 2 : 5, call, fd);
+  return fd;
 }
 
-bool send_all(int fd, const uint8_t *p, size_t n) {
-  while (n > 0) {
-    ssize_t k = gs_send(fd, p, n, 0);
-    if (k <= 0) return false;
-    p += k;
-    n -= static_cast<size_t>(k);
-  }
-  return true;
-}
-
-bool recv_all(int fd, uint8_t *p, size_t n) {
-  while (n > 0) {
-    ssize_t k = gs_recv(fd, p, n, 0);
-    if (k <= 0) return false;
-    p += k;
-    n -= static_cast<size_t>(k);
-  }
-  return true;
-}
-
-int echo_server(int port) {
-  const int lfd = listen_on(port, SOCK_NONBLOCK);
-  std::map<int, std::string> pending;  // fd -> bytes not yet echoed
-  std::vector<char> buf(1 << 16);
-  while (!g_stop) {
-    std::vector<pollfd> fds{{lfd, POLLIN, 0}};
-    for (auto &[fd, out] : pending)
-      fds.push_back({fd, static_cast<short>((out.size() < (4u << 20) ? POLLIN : 0) | (out.empty() ? 0 : POLLOUT)), 0});
-    if (gs_poll(fds.data(), fds.size(), 100) < 0) continue;
-    for (const pollfd &p : fds) {
-      if (!p.revents) continue;
-      if (p.fd == lfd) {
-        int c;
-        while ((c = gs_accept4(lfd, nullptr, nullptr, SOCK_NONBLOCK)) >= 0) pending[c];
-        continue;
-      }
-      std::string &out = pending[p.fd];
-      bool closed = false;
-      if (p.revents & (POLLIN | POLLHUP | POLLERR)) {
-        ssize_t n = gs_recv(p.fd, buf.data(), buf.size(), 0);
-        if (n > 0) out.append(buf.data(), static_cast<size_t>(n));
-        else if (n == 0 || n != -EAGAIN) closed = true;
-      }
-      while (!out.empty()) {
-        ssize_t n = gs_send(p.fd, out.data(), out.size(), 0);
-        if (n <= 0) break;
-        out.erase(0, static_cast<size_t>(n));
-      }
-      if (closed) {
-        gs_shutdown(p.fd, SHUT_WR);
-        gs_close(p.fd);
-        pending.erase(p.fd);
-      }
-    }
-  }
-  for (auto &[fd, out] : pending) gs_close(fd);
-  gs_close(lfd);
-  return 0;
-}
-
-int sink_server(int port, int count, int delay_us) {
-  const int lfd = listen_on(port, 0);
-  std::vector<uint8_t> buf(delay_us > 0 ? 4096 : (1 << 20));
-  for (int i = 0; i < count; ++i) {
-    const int c = gs_accept(lfd, nullptr, nullptr);
-    if (c < 0) die(3, "accept", c);
-    uint64_t bytes = 0, hash = 1469598103934665603ull;
-    for (;;) {
-      ssize_t n = gs_recv(c, buf.data(), buf.size(), 0);
-      if (n < 0) die(4, "sink recv", n);
-      if (n == 0) break;
-      hash = fnv1a(buf.data(), static_cast<size_t>(n), hash);
-      bytes += static_cast<uint64_t>(n);
-      if (delay_us > 0) usleep(static_cast<useconds_t>(delay_us));
-    }
-    char reply[64];
-    const int len = std::snprintf(reply, sizeof reply, "%" PRIu64 " %016" PRIx64, bytes, hash);
-    send_all(c, reinterpret_cast<uint8_t *>(reply), static_cast<size_t>(len));
-    gs_shutdown(c, SHUT_WR);
-    char tmp[16];
-    while (gs_recv(c, tmp, sizeof tmp, 0) > 0) {
-    }
-    gs_close(c);
-  }
-  gs_close(lfd);
-  return 0;
-}
+int listen_on(int port, int flags) { return listen_or_die(loopback(port), flags); }
 
 int source_client(int port, uint64_t bytes, uint32_t seed) {
   const int fd = connect_to(port);
@@ -235,14 +107,6 @@ int echo_clients(int port, int conns, int msgs, size_t max_size, uint32_t seed) 
   return 0;
 }
 
-int blast_client(int port) {
-  const int fd = connect_to(port);
-  std::vector<uint8_t> buf(1 << 16, 0x5A);
-  while (gs_send(fd, buf.data(), buf.size(), 0) > 0) {
-  }
-  return 0;
-}
-
 // Reads until EOF or an error; reports which.
 int wait_for_end(int fd, long expect_bytes) {
   std::vector<uint8_t> buf(1 << 16);
@@ -293,10 +157,10 @@ int pingpong_client(int port, size_t size, long iters, const char *out) {
   std::vector<uint8_t> a(size, 0x42), b(size);
   for (int i = 0; i < 100; ++i)
     if (!send_all(fd, a.data(), size) || !recv_all(fd, b.data(), size)) die(10, "pingpong warm-up", -errno);
-  const auto t0 = Clock::now();
+  const Stopwatch watch;
   for (long i = 0; i < iters; ++i)
     if (!send_all(fd, a.data(), size) || !recv_all(fd, b.data(), size)) die(10, "pingpong", -errno);
-  const double ns = std::chrono::duration<double, std::nano>(Clock::now() - t0).count() / double(iters);
+  const double ns = watch.ns() / double(iters);
   gs_shutdown(fd, SHUT_WR);
   char tmp[16];
   while (gs_recv(fd, tmp, sizeof tmp, 0) > 0) {
@@ -308,7 +172,7 @@ int pingpong_client(int port, size_t size, long iters, const char *out) {
 int stream_client(int port, uint64_t bytes, size_t chunk, const char *out) {
   const int fd = connect_to(port);
   std::vector<uint8_t> buf(chunk, 0x5C);
-  const auto t0 = Clock::now();
+  const Stopwatch watch;
   for (uint64_t off = 0; off < bytes;) {
     const size_t n = static_cast<size_t>(std::min<uint64_t>(chunk, bytes - off));
     if (!send_all(fd, buf.data(), n)) die(6, "stream send", -errno);
@@ -317,7 +181,7 @@ int stream_client(int port, uint64_t bytes, size_t chunk, const char *out) {
   gs_shutdown(fd, SHUT_WR);
   uint64_t count = 0;
   if (!recv_all(fd, reinterpret_cast<uint8_t *>(&count), sizeof count)) die(7, "stream reply", -errno);
-  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  const double secs = watch.seconds();
   gs_close(fd);
   if (count != bytes) {
     std::fprintf(stderr, "gpu_test_peer: server counted %" PRIu64 " of %" PRIu64 " bytes\n", count, bytes);
@@ -366,8 +230,7 @@ int drain_server(int port, int count, size_t chunk) {
 }  // namespace
 
 int main(int argc, char **argv) {
-  signal(SIGTERM, [](int) { g_stop = 1; });
-  signal(SIGPIPE, SIG_IGN);
+  peer_signals();
   if (argc < 3) {
     std::fprintf(stderr, "usage: %s echo|sink|source|clients|blast PORT ...\n", argv[0]);
     return 1;
@@ -375,13 +238,13 @@ int main(int argc, char **argv) {
   const std::string mode = argv[1];
   const int port = std::atoi(argv[2]);
   auto arg = [&](int i, long dflt) { return argc > i ? std::atol(argv[i]) : dflt; };
-  if (mode == "echo") return echo_server(port);
-  if (mode == "sink") return sink_server(port, static_cast<int>(arg(3, 1)), static_cast<int>(arg(4, 0)));
+  if (mode == "echo") return echo_server(loopback(port), EchoOnClose::kAtOnce);
+  if (mode == "sink") return sink_server(loopback(port), static_cast<int>(arg(3, 1)), static_cast<int>(arg(4, 0)));
   if (mode == "source") return source_client(port, static_cast<uint64_t>(arg(3, 0)), static_cast<uint32_t>(arg(4, 1)));
   if (mode == "clients")
     return echo_clients(port, static_cast<int>(arg(3, 1)), static_cast<int>(arg(4, 1)),
                         static_cast<size_t>(arg(5, 1024)), static_cast<uint32_t>(arg(6, 1)));
-  if (mode == "blast") return blast_client(port);
+  if (mode == "blast") return blast(connect_to(port));
   if (mode == "eofwait-accept") return eofwait_accept(port, arg(3, -1));
   if (mode == "eofwait-connect") return eofwait_connect(port, arg(3, 0));
   if (mode == "echo1") return echo_one(port);

@@ -1,6 +1,10 @@
 // End-to-end tests of the CPU sockets over a real libfabric provider, with the
 // peer in a separate process (test_peer). The provider comes from
 // GPUSOCK_TRANSPORT; ctest runs this binary once per transport.
+#include "test-support/checksum.h"
+#include "test-support/gs_sockets.h"
+#include "test-support/peer_process.h"
+
 #include <gpusock/socket.h>
 
 #include <arpa/inet.h>
@@ -8,9 +12,6 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -23,97 +24,18 @@
 #include <thread>
 #include <vector>
 
-extern char **environ;
-
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using namespace gpusock::test;  // Clock, fnv1a, free_port, send_all, recv_all, test_address
 
-std::string peer_binary() { return std::string(GS_TEST_PEER); }
-
-// A spawned peer process, terminated (then killed) when the test ends.
-class Peer {
- public:
-  explicit Peer(std::vector<std::string> args) {
-    args.insert(args.begin(), peer_binary());
-    std::vector<char *> argv;
-    for (auto &a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    if (posix_spawn(&pid_, argv[0], nullptr, nullptr, argv.data(), environ) != 0) pid_ = -1;
-  }
-  ~Peer() {
-    if (pid_ <= 0) return;
-    kill(pid_, SIGTERM);
-    if (!wait_exit(5000)) {
-      kill(pid_, SIGKILL);
-      wait_exit(5000);
-    }
-  }
-  pid_t pid() const { return pid_; }
-  void kill9() { kill(pid_, SIGKILL); }
-  // Waits for exit; returns true and the status if it exited in time.
-  bool wait_exit(int ms, int *status = nullptr) {
-    const auto end = Clock::now() + std::chrono::milliseconds(ms);
-    while (Clock::now() < end) {
-      int st = 0;
-      if (waitpid(pid_, &st, WNOHANG) == pid_) {
-        if (status) *status = st;
-        pid_ = -1;
-        return true;
-      }
-      usleep(2000);
-    }
-    return false;
-  }
-
- private:
-  pid_t pid_ = -1;
+// A spawned test_peer process, terminated (then killed) when the test ends.
+struct Peer : PeerProcess {
+  explicit Peer(const std::vector<std::string> &args) : PeerProcess(GS_TEST_PEER, args) {}
 };
-
-int free_port() {
-  // Ask the kernel for a free TCP port (the tcp provider uses kernel ports; for
-  // shm the number only names the endpoint).
-  int s = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(s, reinterpret_cast<sockaddr *>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  ::getsockname(s, reinterpret_cast<sockaddr *>(&a), &len);
-  ::close(s);
-  return ntohs(a.sin_port);
-}
-
-sockaddr_in loopback(int port) {
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  // verbs cannot use loopback (rdma_cm has no device there): tests in the
-  // Soft-RoCE guest set GPUSOCK_TEST_ADDR to the guest NIC's address.
-  const char *addr = std::getenv("GPUSOCK_TEST_ADDR");
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (addr && *addr) inet_pton(AF_INET, addr, &a.sin_addr);
-  return a;
-}
 
 // Connects, retrying while the freshly spawned server is not listening yet.
 int connect_to(int port, int flags = 0) {
-  sockaddr_in a = loopback(port);
-  const auto end = Clock::now() + std::chrono::seconds(10);
-  for (;;) {
-    int fd = gs_socket(AF_INET, SOCK_STREAM | flags, 0);
-    if (fd < 0) return fd;
-    int rc = gs_connect(fd, reinterpret_cast<sockaddr *>(&a), sizeof a);
-    if (rc == 0 || rc == -EINPROGRESS) return fd;
-    gs_close(fd);
-    if (rc != -ECONNREFUSED || Clock::now() > end) return rc;
-    usleep(10000);
-  }
-}
-
-uint64_t fnv(const uint8_t *p, size_t n, uint64_t h = 1469598103934665603ull) {
-  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
-  return h;
+  return connect_retry(test_address(port), {.seconds = 10, .pause_ms = 10, .type_flags = flags});
 }
 
 std::vector<uint8_t> random_bytes(size_t n, uint32_t seed) {
@@ -124,26 +46,6 @@ std::vector<uint8_t> random_bytes(size_t n, uint32_t seed) {
     std::memcpy(v.data() + i, &r, std::min<size_t>(4, n - i));
   }
   return v;
-}
-
-bool send_all(int fd, const uint8_t *p, size_t n) {
-  while (n > 0) {
-    ssize_t k = gs_send(fd, p, n, 0);
-    if (k <= 0) return false;
-    p += k;
-    n -= static_cast<size_t>(k);
-  }
-  return true;
-}
-
-bool recv_all(int fd, uint8_t *p, size_t n) {
-  while (n > 0) {
-    ssize_t k = gs_recv(fd, p, n, 0);
-    if (k <= 0) return false;
-    p += k;
-    n -= static_cast<size_t>(k);
-  }
-  return true;
 }
 
 class SocketE2E : public ::testing::Test {
@@ -209,7 +111,7 @@ void echo_bulk(int port, size_t size, uint32_t seed) {
   }
   writer.join();
   ASSERT_EQ(got, size);
-  EXPECT_EQ(fnv(back.data(), size), fnv(data.data(), size));
+  EXPECT_EQ(fnv1a(back.data(), size), fnv1a(data.data(), size));
   char extra;
   EXPECT_EQ(gs_recv(fd, &extra, 1, 0), 0);  // the server half-closed after echoing: EOF
   gs_close(fd);
@@ -240,12 +142,12 @@ TEST_F(SocketE2E, OneWayBulkWithServerChecksum) {
   size_t got = 0;
   for (ssize_t k; (k = gs_recv(fd, reply + got, sizeof reply - 1 - got, 0)) > 0;) got += static_cast<size_t>(k);
   char expect[64];
-  std::snprintf(expect, sizeof expect, "%zu %016" PRIx64, size, fnv(data.data(), size));
+  std::snprintf(expect, sizeof expect, "%zu %016" PRIx64, size, fnv1a(data.data(), size));
   EXPECT_STREQ(reply, expect);
   gs_close(fd);
-  int status = -1;
-  ASSERT_TRUE(sink.wait_exit(10000, &status));
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  int code = -1;  // exit code, or 128 + signal
+  ASSERT_TRUE(sink.wait_exit(10000, &code));
+  EXPECT_EQ(code, 0);
 }
 
 TEST_F(SocketE2E, HundredConcurrentConnections) {
@@ -300,7 +202,7 @@ TEST_F(SocketE2E, NonBlockingWithPoll) {
     }
     fd = gs_socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
     ASSERT_GE(fd, 0);
-    sockaddr_in a = loopback(port_);
+    sockaddr_in a = test_address(port_);
     const int rc = gs_connect(fd, reinterpret_cast<sockaddr *>(&a), sizeof a);
     if (rc == -ECONNREFUSED) continue;
     ASSERT_TRUE(rc == 0 || rc == -EINPROGRESS) << gs_status_name(rc);
@@ -396,7 +298,7 @@ TEST_F(SocketE2E, DupSharesTheSocket) {
 
 TEST(SocketErrors, ConnectToClosedPortIsRefused) {
   const int port = free_port();
-  sockaddr_in a = loopback(port);
+  sockaddr_in a = test_address(port);
   int fd = gs_socket(AF_INET, SOCK_STREAM, 0);
   ASSERT_GE(fd, 0) << gs_last_error();
   EXPECT_EQ(gs_connect(fd, reinterpret_cast<sockaddr *>(&a), sizeof a), -ECONNREFUSED);
@@ -442,7 +344,7 @@ TEST_F(SocketE2E, ListenOnAPortInUseSaysWhoHoldsIt) {
   ASSERT_GE(connect_to(port_), 0);  // it is up
   const int fd = gs_socket(AF_INET, SOCK_STREAM, 0);
   ASSERT_GE(fd, 0);
-  sockaddr_in a = loopback(port_);
+  sockaddr_in a = test_address(port_);
   ASSERT_EQ(gs_bind(fd, reinterpret_cast<sockaddr *>(&a), sizeof a) == 0 ? gs_listen(fd, 8) : -EADDRINUSE,
             -EADDRINUSE);
   const std::string why = gs_last_error();
@@ -472,7 +374,7 @@ TEST_F(SocketE2E, OptionsAndNames) {
   EXPECT_EQ(gs_fcntl(fd, F_SETFD, FD_CLOEXEC), 0);
   EXPECT_EQ(gs_fcntl(fd, F_GETFD) & FD_CLOEXEC, FD_CLOEXEC);
 
-  sockaddr_in a = loopback(port_);
+  sockaddr_in a = test_address(port_);
   const auto end = Clock::now() + std::chrono::seconds(10);
   int rc;
   while ((rc = gs_connect(fd, reinterpret_cast<sockaddr *>(&a), sizeof a)) == -ECONNREFUSED && Clock::now() < end)
@@ -500,7 +402,7 @@ TEST(SocketServer, AcceptsAndDetectsKilledSender) {
   const int port = free_port();
   int lfd = gs_socket(AF_INET, SOCK_STREAM, 0);
   ASSERT_GE(lfd, 0);
-  sockaddr_in a = loopback(port);
+  sockaddr_in a = test_address(port);
   ASSERT_EQ(gs_bind(lfd, reinterpret_cast<sockaddr *>(&a), sizeof a), 0);
   ASSERT_EQ(gs_listen(lfd, 8), 0);
   sockaddr_in name{};

@@ -1,0 +1,142 @@
+// What both CPU test peers (wire/socket/tests/test_peer.cc and
+// gpu/tests/gpu_test_peer.cc, separate processes on gs_*) do alike: a
+// poll-driven echo server, a sink that replies "<bytes> <fnv64>", a blaster,
+// and how they stop and fail. Exit codes: 2 no listener, 3 accept failed,
+// 4 receive failed.
+#pragma once
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <cinttypes>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "test-support/checksum.h"
+#include "test-support/gs_sockets.h"
+
+namespace gpusock::test {
+
+inline volatile sig_atomic_t g_peer_stop = 0;  // set by SIGTERM
+
+// SIGTERM asks the peer to stop; a write to a closed connection is an error
+// return, not a signal.
+inline void peer_signals() {
+  signal(SIGTERM, [](int) { g_peer_stop = 1; });
+  signal(SIGPIPE, SIG_IGN);
+}
+
+[[noreturn]] inline void die(int code, const char *what, long rc) {
+  std::fprintf(stderr, "%s: %s: %s (%s)\n", program_invocation_short_name, what, gs_status_name(static_cast<int>(rc)),
+               gs_last_error());
+  std::exit(code);
+}
+
+inline int listen_or_die(const sockaddr_in &at, int type_flags) {
+  const char *call = "";
+  const int fd = listen_on(at, 256, type_flags, &call);
+  if (fd < 0) die(2, call, fd);
+  return fd;
+}
+
+// What the echo server does when a client half-closes with echo still queued.
+enum class EchoOnClose {
+  kFinishEcho,  // send the rest (waiting for room), then SHUT_WR and close
+  kAtOnce,      // SHUT_WR and close now; the rest is dropped
+};
+
+// Echoes every client until SIGTERM.
+inline int echo_server(const sockaddr_in &at, EchoOnClose on_close) {
+  const int lfd = listen_or_die(at, SOCK_NONBLOCK);
+  std::map<int, std::string> pending;  // fd -> bytes not yet echoed
+  std::vector<char> buf(1 << 16);
+  while (!g_peer_stop) {
+    std::vector<pollfd> fds{{lfd, POLLIN, 0}};
+    for (auto &[fd, out] : pending)
+      fds.push_back({fd, static_cast<short>((out.size() < (4u << 20) ? POLLIN : 0) | (out.empty() ? 0 : POLLOUT)), 0});
+    if (gs_poll(fds.data(), fds.size(), 100) < 0) continue;
+    for (const pollfd &p : fds) {
+      if (!p.revents) continue;
+      if (p.fd == lfd) {
+        int c;
+        while ((c = gs_accept4(lfd, nullptr, nullptr, SOCK_NONBLOCK)) >= 0) pending[c];
+        continue;
+      }
+      std::string &out = pending[p.fd];
+      bool closed = false;
+      if (p.revents & (POLLIN | POLLHUP | POLLERR)) {
+        ssize_t n = gs_recv(p.fd, buf.data(), buf.size(), 0);
+        if (n > 0) out.append(buf.data(), static_cast<size_t>(n));
+        else if (n == 0 || n != -EAGAIN) closed = true;
+      }
+      while (!out.empty()) {
+        ssize_t n = gs_send(p.fd, out.data(), out.size(), 0);
+        if (n <= 0) break;
+        out.erase(0, static_cast<size_t>(n));
+      }
+      if (!closed) continue;
+      while (on_close == EchoOnClose::kFinishEcho && !out.empty()) {
+        ssize_t n = gs_send(p.fd, out.data(), out.size(), 0);
+        if (n == -EAGAIN) {
+          pollfd w{p.fd, POLLOUT, 0};
+          gs_poll(&w, 1, 100);
+          continue;
+        }
+        if (n <= 0) break;
+        out.erase(0, static_cast<size_t>(n));
+      }
+      gs_shutdown(p.fd, SHUT_WR);
+      gs_close(p.fd);
+      pending.erase(p.fd);
+    }
+  }
+  for (auto &[fd, out] : pending) gs_close(fd);
+  gs_close(lfd);
+  return 0;
+}
+
+// Accepts `count` connections one after the other; reads each to EOF
+// (sleeping delay_us after every read of at most 4 KiB, if delay_us > 0),
+// replies "<bytes> <fnv64>", half-closes and waits for the client's close.
+inline int sink_server(const sockaddr_in &at, int count, int delay_us) {
+  const int lfd = listen_or_die(at, 0);
+  std::vector<uint8_t> buf(delay_us > 0 ? 4096 : (1 << 20));
+  for (int i = 0; i < count; ++i) {
+    const int c = gs_accept(lfd, nullptr, nullptr);
+    if (c < 0) die(3, "accept", c);
+    uint64_t bytes = 0;
+    Fnv1a sum;
+    for (;;) {
+      const ssize_t n = gs_recv(c, buf.data(), buf.size(), 0);
+      if (n < 0) die(4, "sink recv", n);
+      if (n == 0) break;
+      sum.add(buf.data(), static_cast<size_t>(n));
+      bytes += static_cast<uint64_t>(n);
+      if (delay_us > 0) usleep(static_cast<useconds_t>(delay_us));
+    }
+    char reply[64];
+    const int len = std::snprintf(reply, sizeof reply, "%" PRIu64 " %016" PRIx64, bytes, sum.h);
+    send_all(c, reply, static_cast<size_t>(len));
+    gs_shutdown(c, SHUT_WR);
+    char tmp[16];
+    while (gs_recv(c, tmp, sizeof tmp, 0) > 0) {
+    }
+    gs_close(c);
+  }
+  gs_close(lfd);
+  return 0;
+}
+
+// Sends until the connection breaks (the test kills this process or the other end).
+inline int blast(int fd) {
+  std::vector<uint8_t> buf(1 << 16, 0x5A);
+  while (gs_send(fd, buf.data(), buf.size(), 0) > 0) {
+  }
+  return 0;
+}
+
+}  // namespace gpusock::test

@@ -1,0 +1,36 @@
+// Clocks for tests and benchmarks: how long something took (Stopwatch) and
+// whether a time limit has passed (Deadline). Both on the steady clock.
+#pragma once
+
+#include <chrono>
+
+namespace gpusock::test {
+
+using Clock = std::chrono::steady_clock;
+
+class Stopwatch {
+ public:
+  Stopwatch() : start_(Clock::now()) {}
+  double seconds() const { return std::chrono::duration<double>(Clock::now() - start_).count(); }
+  double ns() const { return std::chrono::duration<double, std::nano>(Clock::now() - start_).count(); }
+
+ private:
+  Clock::time_point start_;
+};
+
+class Deadline {
+ public:
+  explicit Deadline(double seconds)
+      : end_(Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds))) {}
+  bool passed() const { return Clock::now() > end_; }
+  // Milliseconds left, 0 once passed.
+  long long ms_left() const {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end_ - Clock::now()).count();
+    return left > 0 ? left : 0;
+  }
+
+ private:
+  Clock::time_point end_;
+};
+
+}  // namespace gpusock::test
