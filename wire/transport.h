@@ -104,8 +104,22 @@ class Endpoint {
   virtual uint32_t max_inline() const = 0;
   virtual gs_status_t local_address(sockaddr_storage *out, socklen_t *len) const = 0;
   virtual gs_status_t peer_address(sockaddr_storage *out, socklen_t *len) const = 0;
-  // An fd that becomes readable when poll/poll_cm may have something; -1 if none.
+
+  // ---- waiting on events (an idle socket costs no CPU) ----
+  // An fd that polls readable (level-triggered; poll/epoll) when poll() or
+  // poll_cm() may have something new for this endpoint; -1 when the transport
+  // has none (the caller then sleeps in short steps). Stable for the
+  // endpoint's life.
   virtual int wait_fd() const { return -1; }
+  // Called right before sleeping on wait_fd(): 0 when it is safe to sleep
+  // (anything new will make the fd readable), -EAGAIN when something may
+  // already be there (poll first, then ask again). It may drain wake-ups
+  // already delivered. The transport's fi_trywait.
+  virtual gs_status_t arm_wait() { return -EAGAIN; }
+  // A cheap look, no system call and no provider lock: may poll() or
+  // poll_cm() find something now? False positives are allowed, false
+  // negatives never: a transport without such a look answers true.
+  virtual bool maybe_ready() const { return true; }
 };
 
 // A connection request seen by a listener, not yet accepted.
@@ -124,7 +138,10 @@ class Listener {
   // Next pending request: 1 and *out set, 0 if none yet, < 0 on error.
   virtual int get_request(std::unique_ptr<ConnectionRequest> *out) = 0;
   virtual gs_status_t local_address(sockaddr_storage *out, socklen_t *len) const = 0;
+  // Waiting for requests, as Endpoint's three calls (for get_request()).
   virtual int wait_fd() const { return -1; }
+  virtual gs_status_t arm_wait() { return -EAGAIN; }
+  virtual bool maybe_ready() const { return true; }
 };
 
 // Queue depths the protocol core needs from an endpoint (its sq_size, its
