@@ -204,8 +204,6 @@ void load() {
     }
   }
   parse_preload_config(dir, c);
-  if (const char *e = getenv("GPUSOCK_BUSY_POLL_US")) c->busy_poll_us = atoi(e);
-  if (c->busy_poll_us < 0) c->busy_poll_us = 0;
 }
 
 }  // namespace

@@ -16,7 +16,6 @@ struct Config {
   bool have_include = false;
   std::vector<uint64_t> include;  // 65536-bit maps
   std::vector<uint64_t> exclude;
-  int busy_poll_us = 200;
   int iomap_size = -1;  // rsocket iomap_size (applied per socket)
   struct Rule {
     std::string program;  // prefix, "*" for any

@@ -212,9 +212,15 @@ int epoll_wait_impl(int epfd, epoll_event *events, int maxevents, const timespec
     }
     return n;
   };
-  auto sleep = [&](const timespec *ts) -> int {
-    pollfd p{epfd, POLLIN, 0};
-    return R.ppoll(&p, 1, ts, sigmask) < 0 ? -1 : 0;
+  auto sleep = [&](const timespec *until, const timespec *step) -> int {
+    static thread_local std::vector<pollfd> gs;
+    gs.clear();
+    {
+      std::lock_guard lock(set->mu);
+      for (const EpollEntry &e : set->entries)
+        if (e.gs && !e.disarmed) gs.push_back({e.fd, static_cast<short>(e.events & 0x3fff), 0});
+    }
+    return sleep_on_events(gs, {pollfd{epfd, POLLIN, 0}}, until, step, sigmask);
   };
   return wait_loop(timeout, check, sleep);
 }

@@ -42,11 +42,42 @@ int emulated_poll(pollfd *fds, nfds_t nfds, const timespec *timeout, const sigse
     }
     return ready;
   };
-  auto sleep = [&](const timespec *ts) -> int {
-    const int n = R.ppoll(kern.data(), kern.size(), ts, sigmask);
-    return n < 0 ? -1 : 0;
+  auto sleep = [&](const timespec *until, const timespec *step) -> int {
+    return sleep_on_events(gs, kern, until, step, sigmask);
   };
   return wait_loop(timeout, check, sleep);
+}
+
+int sleep_on_events(const std::vector<pollfd> &gs, const std::vector<pollfd> &kern, const timespec *until,
+                    const timespec *step, const sigset_t *sigmask) {
+  const Real &R = real();
+  static thread_local std::vector<pollfd> fds;
+  int n = 0;
+  if (!gs.empty()) {
+    fds.assign(gs.size() + 8, pollfd{});
+    Inside guard;
+    while ((n = gs_wait_begin(gs.data(), gs.size(), fds.data(), fds.size())) == -ENOSPC) fds.resize(fds.size() * 2);
+    if (n == -EAGAIN) return 0;  // a socket got ready meanwhile: look again
+    if (n < 0) {
+      errno = -n;
+      return -1;
+    }
+  }
+  fds.resize(static_cast<size_t>(n));
+  fds.insert(fds.end(), kern.begin(), kern.end());
+  // No wait fd from a socket's transport: sleep a step, not the whole timeout.
+  const timespec *ts = (n == 0 && !gs.empty()) ? step : until;
+  if (n == 0 && !gs.empty() && until && (until->tv_sec < step->tv_sec ||
+                                         (until->tv_sec == step->tv_sec && until->tv_nsec < step->tv_nsec)))
+    ts = until;
+  const int r = R.ppoll(fds.data(), fds.size(), ts, sigmask);
+  const int saved = errno;
+  if (!gs.empty()) {
+    Inside guard;
+    gs_wait_end(gs.data(), gs.size());
+  }
+  errno = saved;
+  return r < 0 ? -1 : 0;
 }
 
 // ------------------------------------------------------------------ blocking calls

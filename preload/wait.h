@@ -1,11 +1,14 @@
 // Waiting on a mix of kernel fds and gpusock sockets.
 //
-// A gpusock socket has no kernel object that becomes readable, so waits that
-// involve one are emulated: ask the library for the sockets' readiness (gs_poll
-// with a zero timeout) and the kernel for the other fds (timeout 0), spin for
-// GPUSOCK_BUSY_POLL_US, then sleep in ppoll() on the kernel fds (or the real
-// epoll fd) for 10 us doubling to 1 ms, so a kernel event ends the sleep at
-// once and a signal interrupts it with EINTR, as the kernel's own waits do.
+// Waits that involve gpusock sockets are emulated: ask the library for the
+// sockets' readiness (gs_poll with a zero timeout) and the kernel for the other
+// fds (timeout 0), spin for the library's adaptive budget (gs_spin_budget_us),
+// then sleep in ppoll() on the kernel fds (or the real epoll fd) together with
+// the fds gs_wait_begin gives for the sockets (their transports' wait fds and
+// this thread's waker): any event ends the sleep at once, and a signal
+// interrupts it with EINTR, as the kernel's own waits do. An idle wait costs
+// no CPU. (A transport without wait fds falls back to sleeps of 10 us
+// doubling to 1 ms.)
 //
 // Blocking calls on gpusock sockets are made of non-blocking attempts and these
 // waits, never of the library's internal blocking wait: between two sleeps the
@@ -18,12 +21,16 @@
 #include "preload/fd_table.h"
 #include "preload/signals.h"
 
+#include <gpusock/socket.h>
+
+#include <poll.h>
 #include <sched.h>
 #include <sys/prctl.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <vector>
 
 namespace gpusock::preload {
 
@@ -38,7 +45,8 @@ inline timespec to_timespec(Clock::duration d) {
 }
 
 // Shared waiting strategy. check() collects readiness (returns count or -1);
-// sleep(ts) blocks on the kernel side for at most ts (returns -1 with errno on
+// sleep(until, step) blocks for at most `until` (nullptr: no limit), or at
+// most `step` when the sockets offer no wait fd (returns -1 with errno on
 // failure, EINTR included).
 template <class Check, class Sleep>
 int wait_loop(const timespec *timeout, Check check, Sleep sleep) {
@@ -47,11 +55,13 @@ int wait_loop(const timespec *timeout, Check check, Sleep sleep) {
   const auto deadline =
       forever ? Clock::time_point::max()
               : start + std::chrono::seconds(timeout->tv_sec) + std::chrono::nanoseconds(timeout->tv_nsec);
-  const auto spin_until = start + std::chrono::microseconds(config().busy_poll_us);
+  const auto spin_until = start + std::chrono::microseconds(gs_spin_budget_us());
   const unsigned signals_before = t_signals;
   long backoff_us = 10;
   for (;;) {
     const int n = check();
+    if (n > 0) gs_spin_record(static_cast<long>(
+        std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start).count()));
     if (n != 0) return n;
     if (!forever && timeout->tv_sec == 0 && timeout->tv_nsec == 0) return 0;
     const auto now = Clock::now();
@@ -64,10 +74,11 @@ int wait_loop(const timespec *timeout, Check check, Sleep sleep) {
       sched_yield();
       continue;
     }
-    auto nap = std::chrono::microseconds(backoff_us);
-    if (deadline - now < nap) nap = std::chrono::duration_cast<std::chrono::microseconds>(deadline - now) +
-                                    std::chrono::microseconds(1);
-    const timespec ts = to_timespec(nap);
+    auto step = std::chrono::microseconds(backoff_us);
+    if (deadline - now < step) step = std::chrono::duration_cast<std::chrono::microseconds>(deadline - now) +
+                                      std::chrono::microseconds(1);
+    const timespec step_ts = to_timespec(step);
+    const timespec until_ts = to_timespec(deadline - now + std::chrono::microseconds(1));
     static thread_local bool slack_set = false;
     if (!slack_set) {
       // The default 50 us timer slack would turn the first 10 us naps into
@@ -75,10 +86,16 @@ int wait_loop(const timespec *timeout, Check check, Sleep sleep) {
       prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
       slack_set = true;
     }
-    if (sleep(&ts) < 0) return -1;
+    if (sleep(forever ? nullptr : &until_ts, &step_ts) < 0) return -1;
     backoff_us = std::min(backoff_us * 2, kMaxSleepUs);
   }
 }
+
+// One sleep of wait_loop: until an event on the kernel fds `kern`, on the
+// gpusock sockets `gs` (through gs_wait_begin), a signal, or `until`; at most
+// `step` when the sockets' transports have no wait fd. 0, or -1 with errno.
+int sleep_on_events(const std::vector<pollfd> &gs, const std::vector<pollfd> &kern, const timespec *until,
+                    const timespec *step, const sigset_t *sigmask);
 
 // Emulated multiplexing: poll over a mix of gpusock and kernel fds with a
 // timespec timeout (nullptr: forever) and an optional signal mask for the

@@ -136,13 +136,18 @@ bool ConnectionDriver::progress() {
   switch (state_) {
     case DriverState::kConnecting:
     case DriverState::kAccepting: {
-      bool did = poll_cm();
+      bool did = endpoint_->maybe_ready() && poll_cm();
       if (state_ == DriverState::kConnected) did |= post_actions();
       return did;
     }
     case DriverState::kConnected: {
-      bool did = poll_completions();
-      did |= poll_cm();
+      // maybe_ready: a few loads, so hundreds of idle connections cost a
+      // pass (the proxy's) next to nothing.
+      bool did = false;
+      if (endpoint_->maybe_ready()) {
+        did = poll_completions();
+        did |= poll_cm();
+      }
       did |= post_actions();
       return did;
     }

@@ -62,8 +62,30 @@ ssize_t gs_readv(int socket, const struct iovec *iov, int iovcnt);
 ssize_t gs_write(int socket, const void *buf, size_t count);
 ssize_t gs_writev(int socket, const struct iovec *iov, int iovcnt);
 
-/* fds may mix gpusock sockets and ordinary kernel fds. */
+/* fds may mix gpusock sockets and ordinary kernel fds. Waits on events: a
+ * short adaptive spin (GPUSOCK_BUSY_POLL_US caps it), then a sleep in the
+ * kernel on the sockets' transport wait fds: an idle wait costs no CPU. */
 int gs_poll(struct pollfd *fds, nfds_t nfds, int timeout);
+
+/* For code that sleeps itself (an event loop, the LD_PRELOAD shim's
+ * poll/select/epoll): prepares this thread to sleep until one of the gpusock
+ * sockets among fds[0..nfds) has one of its requested events. Writes into
+ * `wait` (up to `max`) the kernel fds to poll for POLLIN -- the sockets'
+ * transport wait fds and this thread's waker, which another thread's progress
+ * on those sockets writes -- and returns how many. Returns -EAGAIN when a
+ * socket is ready already (look again instead of sleeping), -ENOSPC when max
+ * is too small, 0 when a transport has no wait fd (sleep a short while
+ * instead, e.g. 10 us doubling to 1 ms). Non-gpusock fds are ignored: add
+ * them to the sleep yourself. Whatever it returned but -EAGAIN and -ENOSPC,
+ * call gs_wait_end with the same fds after the sleep. */
+int gs_wait_begin(const struct pollfd *fds, nfds_t nfds, struct pollfd *wait, nfds_t max);
+void gs_wait_end(const struct pollfd *fds, nfds_t nfds);
+/* The spin-then-sleep policy of gpusock's own waits, for code that waits
+ * itself: how long this thread should spin before sleeping (microseconds),
+ * and how long a finished wait took (a short one lets the next spin longer, a
+ * long one halves it; GPUSOCK_BUSY_POLL_US is the ceiling). */
+long gs_spin_budget_us(void);
+void gs_spin_record(long waited_us);
 
 int gs_getpeername(int socket, struct sockaddr *addr, socklen_t *addrlen);
 int gs_getsockname(int socket, struct sockaddr *addr, socklen_t *addrlen);

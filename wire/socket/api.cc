@@ -3,6 +3,7 @@
 #include <gpusock/socket.h>
 
 #include "wire/socket/engine.h"
+#include "wire/socket/waiting.h"
 
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -10,10 +11,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdarg>
 #include <cstring>
 #include <vector>
 
+using gpusock::socket::Armed;
 using gpusock::socket::Engine;
 using gpusock::socket::StreamSocket;
 
@@ -204,47 +207,115 @@ int gs_fcntl(int fd, int cmd, ...) {
                         }()); });
 }
 
+int gs_wait_begin(const struct pollfd *fds, nfds_t nfds, struct pollfd *wait, nfds_t max) {
+  return guarded([&]() -> int {
+    std::vector<pollfd> out;
+    const int waker = gpusock::socket::thread_waker_fd();
+    if (waker < 0) return finish(-errno);
+    bool no_fd = false;
+    for (nfds_t i = 0; i < nfds; ++i) {
+      if (fds[i].fd < 0) continue;
+      auto socket = Engine::get().find(fds[i].fd);
+      if (!socket) continue;
+      const Armed armed = socket->prepare_sleep(waker, fds[i].events, &out);
+      if (armed == Armed::kPending) {
+        gs_wait_end(fds, i);  // unregister what was registered
+        return finish(-EAGAIN);
+      }
+      no_fd |= armed == Armed::kNoFd;
+    }
+    if (no_fd) return 0;  // the sleepers stay registered until gs_wait_end
+    out.push_back({waker, POLLIN, 0});
+    std::sort(out.begin(), out.end(), [](const pollfd &a, const pollfd &b) { return a.fd < b.fd; });
+    out.erase(std::unique(out.begin(), out.end(), [](const pollfd &a, const pollfd &b) { return a.fd == b.fd; }),
+              out.end());
+    if (out.size() > max) {
+      gs_wait_end(fds, nfds);
+      return finish(-ENOSPC);
+    }
+    std::copy(out.begin(), out.end(), wait);
+    return static_cast<int>(out.size());
+  });
+}
+
+void gs_wait_end(const struct pollfd *fds, nfds_t nfds) {
+  guarded([&]() -> int {
+    const int waker = gpusock::socket::thread_waker_fd();
+    for (nfds_t i = 0; i < nfds; ++i) {
+      if (fds[i].fd < 0) continue;
+      if (auto socket = Engine::get().find(fds[i].fd)) socket->remove_sleeper(waker);
+    }
+    gpusock::socket::drain_thread_waker();
+    return 0;
+  });
+}
+
+long gs_spin_budget_us(void) { return static_cast<long>(gpusock::socket::SpinBudget::next_us()); }
+void gs_spin_record(long waited_us) { gpusock::socket::SpinBudget::record(waited_us); }
+
 int gs_poll(struct pollfd *fds, nfds_t nfds, int timeout) {
   return guarded([&]() -> int {
     std::vector<std::shared_ptr<StreamSocket>> sockets(nfds);
-    std::vector<pollfd> kernel;
+    std::vector<pollfd> kernel, gs;
     std::vector<nfds_t> kernel_index;
     for (nfds_t i = 0; i < nfds; ++i) {
       fds[i].revents = 0;
       if (fds[i].fd < 0) continue;
       sockets[i] = Engine::get().find(fds[i].fd);
-      if (!sockets[i]) {
+      if (sockets[i]) {
+        gs.push_back(fds[i]);
+      } else {
         kernel.push_back(fds[i]);
         kernel_index.push_back(i);
       }
     }
-    const auto start = gpusock::socket::Clock::now();
-    const auto spin_until = start + std::chrono::microseconds(Engine::get().busy_poll_us());
-    int sleep_ms = 0;
-    long sleep_us = 10;
+    using gpusock::socket::Clock;
+    const auto start = Clock::now();
+    const auto deadline = timeout < 0 ? Clock::time_point::max() : start + std::chrono::milliseconds(timeout);
+    const auto spin_until = start + std::chrono::microseconds(gpusock::socket::SpinBudget::next_us());
+    std::vector<pollfd> sleep_fds;
+    unsigned sleeps = 0;
     for (unsigned step = 0;; ++step) {
       int ready = 0;
       for (nfds_t i = 0; i < nfds; ++i)
         if (sockets[i] && (fds[i].revents = sockets[i]->ready_events(fds[i].events))) ++ready;
       if (!kernel.empty()) {
-        // Kernel fds double as the sleep: their events wake us at once.
-        const int n = ::poll(kernel.data(), kernel.size(), ready ? 0 : sleep_ms);
+        const int n = ::poll(kernel.data(), kernel.size(), 0);
         if (n < 0) return finish(-errno);
         for (size_t k = 0; k < kernel.size(); ++k)
           if ((fds[kernel_index[k]].revents = kernel[k].revents)) ++ready;
       }
-      if (ready || timeout == 0) return ready;
-      const auto now = gpusock::socket::Clock::now();
-      if (timeout > 0 && now - start >= std::chrono::milliseconds(timeout)) return 0;
+      const auto now = Clock::now();
+      if (ready || timeout == 0) {
+        if (ready) gpusock::socket::SpinBudget::record(std::chrono::duration_cast<std::chrono::microseconds>(now - start).count());
+        return ready;
+      }
+      if (now >= deadline) return 0;
       if (now < spin_until) {
         gpusock::socket::spin_pause(step);
-      } else if (kernel.empty()) {
-        timespec ts{0, sleep_us * 1000};
-        if (nanosleep(&ts, nullptr) < 0 && errno == EINTR) return finish(-EINTR);
-        sleep_us = std::min<long>(sleep_us * 2, 1000);
-      } else {
-        sleep_ms = 1;
+        continue;
       }
+      // Sleep on the kernel fds, the sockets' wait fds and this thread's waker.
+      sleep_fds.assign(gs.size() + 8, pollfd{});
+      int n = gs.empty() ? 0 : gs_wait_begin(gs.data(), gs.size(), sleep_fds.data(), sleep_fds.size());
+      while (n == -ENOSPC) {
+        sleep_fds.resize(sleep_fds.size() * 2);
+        n = gs_wait_begin(gs.data(), gs.size(), sleep_fds.data(), sleep_fds.size());
+      }
+      if (n == -EAGAIN) continue;  // a socket got ready meanwhile
+      if (n < 0) return finish(n);
+      sleep_fds.resize(static_cast<size_t>(n));
+      int64_t timeout_us = deadline == Clock::time_point::max()
+                               ? -1
+                               : std::chrono::duration_cast<std::chrono::microseconds>(deadline - now).count() + 1;
+      if (n == 0 && !gs.empty())  // a transport without wait fds: short steps
+        timeout_us = timeout_us < 0 ? gpusock::socket::no_fd_step_us(sleeps)
+                                    : std::min(timeout_us, gpusock::socket::no_fd_step_us(sleeps));
+      ++sleeps;
+      sleep_fds.insert(sleep_fds.end(), kernel.begin(), kernel.end());
+      const int slept = gpusock::socket::sleep_on(sleep_fds, timeout_us);
+      if (!gs.empty()) gs_wait_end(gs.data(), gs.size());
+      if (slept == -EINTR) return finish(-EINTR);
     }
   });
 }

@@ -1,4 +1,5 @@
 #include "wire/socket/engine.h"
+#include "wire/socket/waiting.h"
 
 #include <fcntl.h>
 #include <sched.h>
@@ -64,7 +65,6 @@ Engine::Engine() {
   defaults_.sq_size = static_cast<uint16_t>(env_long("GPUSOCK_SQSIZE", wire::kDefaultSqSize, 16, wire::kQpMaxSize));
   defaults_.rq_size = static_cast<uint16_t>(env_long("GPUSOCK_RQSIZE", wire::kDefaultRqSize, 16, wire::kQpMaxSize));
   defaults_.inline_size = static_cast<uint32_t>(env_long("GPUSOCK_INLINE", wire::kDefaultInline, 0, 65535));
-  busy_poll_us_ = static_cast<int>(env_long("GPUSOCK_BUSY_POLL_US", 200, 0, 10000000));
   close_flush_s_ = static_cast<int>(env_long("GPUSOCK_CLOSE_FLUSH_S", 10, 0, 3600));
   const char *level = std::getenv("GPUSOCK_LOG");
   if (level) {
@@ -104,6 +104,7 @@ wire::Domain *Engine::domain(int *status) {
 void Engine::start_background() {
   std::lock_guard lock(thread_mu_);
   if (thread_started_) return;
+  if (background_waker_ < 0) background_waker_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   background_ = std::thread([this] { background_loop(); });
   background_.detach();
   thread_started_ = true;
@@ -148,8 +149,11 @@ void Engine::release(std::shared_ptr<StreamSocket> socket) {
     return;
   }
   if (socket->close_finished()) return;
-  std::lock_guard lock(closing_mu_);
-  closing_.push_back(std::move(socket));
+  {
+    std::lock_guard lock(closing_mu_);
+    closing_.push_back(std::move(socket));
+  }
+  kick();
 }
 
 int Engine::dup(int fd, int newfd, int flags) {
@@ -172,15 +176,32 @@ int Engine::dup(int fd, int newfd, int flags) {
   return result;
 }
 
+void Engine::kick() {
+  background_epoch_.fetch_add(1, std::memory_order_seq_cst);
+  if (background_sleeping_.load(std::memory_order_seq_cst) && background_waker_ >= 0) wake_waker(background_waker_);
+}
+
+// Keeps moving the sockets nobody calls into: listeners (handshakes up to the
+// backlog), connects under way, bytes waiting for credits, keepalives, and
+// closes (flush, DISCONNECT, teardown). Between passes it sleeps on those
+// sockets' wait fds and its waker; an idle process costs no CPU.
 void Engine::background_loop() {
-  long idle_us = 50;
+  // Closing sockets wait on timers too (teardown linger, the peer's teardown).
+  constexpr auto kClosingTick = std::chrono::milliseconds(5);
+  constexpr auto kIdleLook = std::chrono::seconds(1);  // a safety net only
+  std::vector<std::shared_ptr<StreamSocket>> work;
+  std::vector<pollfd> fds;
   while (!stopping_.load(std::memory_order_relaxed)) {
+    const uint64_t epoch = background_epoch_.load(std::memory_order_seq_cst);
+    auto look_by = Clock::now() + kIdleLook;
     bool did = false;
+    work.clear();
     {
       std::shared_lock lock(table_mu_);
       for (auto &socket : table_)
-        if (socket) did |= socket->try_progress();
+        if (socket && socket->needs_background(&look_by)) work.push_back(socket);
     }
+    for (auto &socket : work) did |= socket->try_progress();
     {
       std::lock_guard lock(closing_mu_);
       for (size_t i = 0; i < closing_.size();) {
@@ -188,12 +209,33 @@ void Engine::background_loop() {
           closing_.erase(closing_.begin() + static_cast<long>(i));
           did = true;
         } else {
+          work.push_back(closing_[i]);
+          look_by = std::min(look_by, Clock::now() + kClosingTick);
           ++i;
         }
       }
     }
-    idle_us = did ? 50 : std::min<long>(idle_us * 2, 1000);
-    sleep_us(idle_us);
+    if (did) continue;
+    fds.clear();
+    fds.push_back({background_waker_, POLLIN, 0});
+    bool pending = false, no_fd = false;
+    for (auto &socket : work) {
+      const Armed armed = socket->arm_wait_fds(&fds);
+      pending |= armed == Armed::kPending;
+      no_fd |= armed == Armed::kNoFd;
+    }
+    if (pending) continue;
+    background_sleeping_.store(true, std::memory_order_seq_cst);
+    if (background_epoch_.load(std::memory_order_seq_cst) == epoch) {
+      int64_t timeout_us =
+          std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::microseconds>(look_by - Clock::now()).count());
+      if (no_fd) timeout_us = std::min<int64_t>(timeout_us, 1000);
+      sleep_on(fds, timeout_us);
+    }
+    background_sleeping_.store(false, std::memory_order_relaxed);
+    uint64_t value;
+    while (read(background_waker_, &value, sizeof value) > 0) {
+    }
   }
 }
 
@@ -257,6 +299,12 @@ void Engine::fork_child() {
   e.domain_error_.clear();
   e.thread_started_ = false;
   e.background_ = std::thread();  // the parent's thread does not exist here
+  // Eventfds are shared with the parent across fork: the child makes its own
+  // (or the two processes would take each other's wake-ups).
+  if (e.background_waker_ >= 0) ::close(e.background_waker_);
+  e.background_waker_ = -1;
+  e.background_sleeping_ = false;
+  forget_thread_waker_after_fork();
   e.stopping_ = false;
   e.table_mu_.unlock();
   e.closing_mu_.unlock();

@@ -40,7 +40,10 @@ class Engine {
   int dup(int fd, int newfd, int flags);
 
   const SocketOptions &default_options() const { return defaults_; }
-  int busy_poll_us() const { return busy_poll_us_; }
+  // A socket gained work for the background thread (a listener, a connect
+  // under way, bytes waiting for credits, keepalive, a close): wakes the
+  // thread if it sleeps. An atomic add and a load when it does not.
+  void kick();
   int close_flush_seconds() const { return close_flush_s_; }
   void log(int level, const char *fmt, ...) const __attribute__((format(printf, 3, 4)));
 
@@ -72,9 +75,13 @@ class Engine {
   bool thread_started_ = false;
   std::thread background_;
   std::atomic<bool> stopping_{false};
+  // The background thread sleeps on its sockets' wait fds and on this waker;
+  // kick() writes it when the thread sleeps and the epoch moved under it.
+  int background_waker_ = -1;
+  std::atomic<uint64_t> background_epoch_{0};
+  std::atomic<bool> background_sleeping_{false};
 
   SocketOptions defaults_;
-  int busy_poll_us_ = 200;
   int close_flush_s_ = 10;
   int log_level_ = 0;
 };

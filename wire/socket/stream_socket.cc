@@ -134,6 +134,7 @@ int StreamSocket::listen(int backlog) {
   }
   listener_->local_address(&local_addr_, &local_len_);
   role_ = Role::kListening;
+  Engine::get().kick();  // it accepts handshakes from now on
   return 0;
 }
 
@@ -181,7 +182,10 @@ int StreamSocket::connect(const sockaddr *addr, socklen_t len) {
     return fail_locked(rc, why);
   }
   role_ = Role::kConnecting;
-  if (nonblocking_) return -EINPROGRESS;
+  if (nonblocking_) {
+    Engine::get().kick();  // the handshake goes on in the background
+    return -EINPROGRESS;
+  }
   return wait_connected_locked(lock);
 }
 
@@ -281,14 +285,18 @@ void StreamSocket::keepalive_tick_locked() {
 
 bool StreamSocket::progress_locked() {
   switch (role_) {
-    case Role::kListening:
-      return accept_requests_locked();
+    case Role::kListening: {
+      const bool did = accept_requests_locked();
+      if (did) wake_sleepers_locked();
+      return did;
+    }
     case Role::kConnecting:
     case Role::kAccepting:
     case Role::kConnected: {
       const bool did = conn_.progress();
       adopt_driver_state_locked();
       keepalive_tick_locked();
+      if (did) wake_sleepers_locked();
       return did;
     }
     default:
@@ -306,31 +314,114 @@ bool StreamSocket::try_progress() {
   return lock.owns_lock() && progress_locked();
 }
 
+// Blocks until ready() (re-checked after every progress pass), the timeout
+// (-EAGAIN) or a signal (-EINTR): spins for the thread's adaptive budget,
+// then sleeps on the transport's wait fds and this thread's waker (waiting.h).
 template <class Pred>
 int StreamSocket::wait_locked(std::unique_lock<std::mutex> &lock, Pred ready, int timeout_ms) {
-  const Engine &engine = Engine::get();
   const auto start = Clock::now();
-  const auto spin_until = start + std::chrono::microseconds(engine.busy_poll_us());
-  long sleep_us = 10;
+  const auto deadline = timeout_ms < 0 ? Clock::time_point::max() : start + std::chrono::milliseconds(timeout_ms);
+  const auto spin_until = start + std::chrono::microseconds(SpinBudget::next_us());
+  std::vector<pollfd> fds;
+  unsigned sleeps = 0;
   for (unsigned step = 0;; ++step) {
     progress_locked();
-    if (ready()) return 0;
     const auto now = Clock::now();
-    if (timeout_ms >= 0 && now - start >= std::chrono::milliseconds(timeout_ms)) return -EAGAIN;
-    lock.unlock();
-    if (now < spin_until) {
-      spin_pause(step);
-    } else {
-      // A signal interrupts a blocking socket call, as the kernel's would.
-      timespec ts{0, sleep_us * 1000};
-      const int slept = nanosleep(&ts, nullptr);
-      sleep_us = std::min<long>(sleep_us * 2, 1000);
-      if (slept < 0 && errno == EINTR) {
-        lock.lock();
-        return -EINTR;
-      }
+    if (ready()) {
+      SpinBudget::record(std::chrono::duration_cast<std::chrono::microseconds>(now - start).count());
+      return 0;
     }
+    if (now >= deadline) return -EAGAIN;
+    if (now < spin_until) {
+      lock.unlock();
+      spin_pause(step);
+      lock.lock();
+      continue;
+    }
+    fds.clear();
+    const Armed armed = arm_wait_fds_locked(&fds);
+    if (armed == Armed::kPending) continue;
+    const int waker = thread_waker_fd();
+    fds.push_back({waker, POLLIN, 0});
+    int64_t timeout_us = deadline == Clock::time_point::max()
+                             ? -1
+                             : std::chrono::duration_cast<std::chrono::microseconds>(deadline - now).count() + 1;
+    if (armed == Armed::kNoFd)
+      timeout_us = timeout_us < 0 ? no_fd_step_us(sleeps) : std::min(timeout_us, no_fd_step_us(sleeps));
+    ++sleeps;
+    sleepers_.add(waker);
+    lock.unlock();
+    const int n = sleep_on(fds, timeout_us);  // a signal interrupts a blocking call, as the kernel's would
     lock.lock();
+    sleepers_.remove(waker);
+    if (fds.back().revents) drain_thread_waker();
+    if (n == -EINTR) return -EINTR;
+  }
+}
+
+// What to sleep on: the listener and its handshakes in flight, or the
+// connection's endpoint; each armed first (Endpoint::arm_wait).
+Armed StreamSocket::arm_wait_fds_locked(std::vector<pollfd> *fds) {
+  Armed result = Armed::kSleep;
+  const auto add = [&](auto *source) {
+    const int fd = source->wait_fd();
+    if (fd < 0) {
+      if (result == Armed::kSleep) result = Armed::kNoFd;
+    } else if (source->arm_wait() != 0) {
+      result = Armed::kPending;
+    } else {
+      fds->push_back({fd, POLLIN, 0});
+    }
+  };
+  switch (role_) {
+    case Role::kListening:
+      add(listener_.get());
+      for (auto &child : accepting_) {
+        std::lock_guard child_lock(child->mu_);
+        if (Endpoint *ep = child->conn_.endpoint()) add(ep);
+      }
+      return result;
+    case Role::kConnecting:
+    case Role::kAccepting:
+    case Role::kConnected:
+      if (Endpoint *ep = conn_.endpoint()) {
+        add(ep);
+        return result;
+      }
+      return Armed::kNoFd;  // cut off: nothing will come, the caller's check ends the wait
+    default:
+      return Armed::kPending;  // nothing to wait for: its state is final
+  }
+}
+
+Armed StreamSocket::arm_wait_fds(std::vector<pollfd> *fds) {
+  std::lock_guard lock(mu_);
+  return arm_wait_fds_locked(fds);
+}
+
+void StreamSocket::remove_sleeper(int waker_fd) {
+  std::lock_guard lock(mu_);
+  sleepers_.remove(waker_fd);
+}
+
+bool StreamSocket::needs_background(Clock::time_point *look_by) {
+  std::lock_guard lock(mu_);
+  switch (role_) {
+    case Role::kListening:
+    case Role::kConnecting:
+    case Role::kAccepting:
+      return true;
+    case Role::kConnected: {
+      const Stream &core = conn_.core();
+      bool needs = core.send_unposted() > 0;  // bytes waiting for credits or an advert
+      if (options_.keepalive && core.state() == StreamState::kConnected) {
+        needs = true;
+        if (next_keepalive_ != Clock::time_point{}) *look_by = std::min(*look_by, next_keepalive_);
+      }
+      return needs;
+    }
+    default:
+      return false;
   }
 }
 
@@ -405,6 +496,9 @@ ssize_t StreamSocket::send(const iovec *iov, int iovcnt, int flags) {
       done += n;
     }
     conn_.post_actions();
+    // Bytes that wait for credits or an advert are the background thread's
+    // to post if nobody calls in again.
+    if (conn_.core().send_unposted() > 0) Engine::get().kick();
     if (done == total) return static_cast<ssize_t>(done);
     if (dontwait) return done > 0 ? static_cast<ssize_t>(done) : -EAGAIN;
     int rc = wait_locked(lock, [&] { return conn_.core().send_free() > 0 || conn_.core().send_status() < 0; }, -1);
@@ -415,7 +509,10 @@ ssize_t StreamSocket::send(const iovec *iov, int iovcnt, int flags) {
 int StreamSocket::shutdown(int how) {
   std::lock_guard lock(mu_);
   if (how != SHUT_RD && how != SHUT_WR && how != SHUT_RDWR) return -EINVAL;
-  return role_ == Role::kConnected ? conn_.shutdown(how) : -ENOTCONN;
+  if (role_ != Role::kConnected) return -ENOTCONN;
+  const int rc = conn_.shutdown(how);
+  wake_sleepers_locked();  // a reader blocked in another thread sees EOF now
+  return rc;
 }
 
 void StreamSocket::begin_close() {
@@ -426,7 +523,9 @@ void StreamSocket::begin_close() {
   listener_.reset();
   accepting_.clear();
   accept_queue_.clear();
+  if (role_ == Role::kListening) role_ = Role::kClosed;  // a blocked accept returns -EINVAL
   conn_.begin_close(Clock::now() + linger);
+  wake_sleepers_locked();
 }
 
 bool StreamSocket::close_finished() {
@@ -436,6 +535,22 @@ bool StreamSocket::close_finished() {
 
 short StreamSocket::ready_events(short requested) {
   std::lock_guard lock(mu_);
+  return ready_events_locked(requested);
+}
+
+Armed StreamSocket::prepare_sleep(int waker_fd, short requested, std::vector<pollfd> *fds) {
+  std::lock_guard lock(mu_);
+  sleepers_.add(waker_fd);  // first: from here on, another thread's progress wakes us
+  const size_t before = fds->size();
+  const Armed armed = ready_events_locked(requested) != 0 ? Armed::kPending : arm_wait_fds_locked(fds);
+  if (armed == Armed::kPending) {
+    sleepers_.remove(waker_fd);
+    fds->resize(before);
+  }
+  return armed;
+}
+
+short StreamSocket::ready_events_locked(short requested) {
   progress_locked();
   short ev = 0;
   switch (role_) {

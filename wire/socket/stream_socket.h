@@ -8,6 +8,7 @@
 #pragma once
 
 #include "wire/connection_driver.h"
+#include "wire/socket/waiting.h"
 
 #include <sys/socket.h>
 
@@ -67,6 +68,18 @@ class StreamSocket {
 
   // poll(2) events that are ready now (after one progress pass).
   short ready_events(short requested);
+  // Event-driven waiting (waiting.h): adds the fds to sleep on for this socket
+  // after arming its transport, or says why not to sleep.
+  Armed arm_wait_fds(std::vector<pollfd> *fds);
+  // A thread about to sleep until `requested` events: registers its waker
+  // (woken when another thread's progress changes the socket), then, unless
+  // the events are ready already (kPending, and not registered), arms.
+  Armed prepare_sleep(int waker_fd, short requested, std::vector<pollfd> *fds);
+  void remove_sleeper(int waker_fd);
+  // Whether the engine's background thread must keep this socket moving while
+  // nobody calls into it (a listener, a connect under way, a send ring to
+  // flush, keepalive), and by when it must look again at the latest.
+  bool needs_background(Clock::time_point *look_by);
   // One progress pass. Returns true if anything happened.
   bool progress();
   // Non-blocking attempt: progress only if nobody else holds the socket.
@@ -92,6 +105,11 @@ class StreamSocket {
   void keepalive_tick_locked();
   bool progress_locked();
   bool accept_requests_locked();
+  Armed arm_wait_fds_locked(std::vector<pollfd> *fds);
+  short ready_events_locked(short requested);
+  void wake_sleepers_locked() {
+    if (!sleepers_.empty()) sleepers_.wake_all();
+  }
   template <class Pred>
   int wait_locked(std::unique_lock<std::mutex> &lock, Pred ready, int timeout_ms);
 
@@ -107,6 +125,8 @@ class StreamSocket {
   socklen_t local_len_ = 0;
   sockaddr_storage peer_addr_{};
   socklen_t peer_len_ = 0;
+
+  SleeperList sleepers_;
 
   // connection
   wire::ConnectionDriver conn_;

@@ -1,6 +1,8 @@
 // Socket options (setsockopt/getsockopt) and addresses of a StreamSocket.
 #include "wire/socket/stream_socket.h"
 
+#include "wire/socket/engine.h"
+
 #include <gpusock/socket.h>
 
 #include <netinet/in.h>
@@ -55,6 +57,7 @@ int StreamSocket::setsockopt(int level, int name, const void *val, socklen_t len
       case SO_KEEPALIVE:
         options_.keepalive = v != 0;
         next_keepalive_ = {};
+        if (options_.keepalive) Engine::get().kick();  // its timer runs in the background
         return 0;
       case SO_OOBINLINE: options_.oobinline = v != 0; return 0;
       case SO_RCVBUF:  // §7.1: the ring is twice the value; only before buffers exist

@@ -1,0 +1,95 @@
+#include "wire/socket/waiting.h"
+
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <ctime>
+
+namespace gpusock::socket {
+
+namespace {
+
+struct Waker {
+  int fd = -1;
+  ~Waker() {
+    if (fd >= 0) close(fd);
+  }
+};
+
+thread_local Waker t_waker;
+thread_local int64_t t_spin_us = -1;  // -1: not yet set (starts at the ceiling)
+
+int64_t env_or(const char *name, int64_t fallback) {
+  const char *v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  char *end = nullptr;
+  const long long n = std::strtoll(v, &end, 0);
+  return (*end == '\0' && n >= 0) ? n : fallback;
+}
+
+}  // namespace
+
+int thread_waker_fd() {
+  if (t_waker.fd < 0) t_waker.fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  return t_waker.fd;
+}
+
+void drain_thread_waker() {
+  if (t_waker.fd < 0) return;
+  uint64_t value;
+  while (read(t_waker.fd, &value, sizeof value) > 0) {
+  }
+}
+
+void forget_thread_waker_after_fork() {
+  if (t_waker.fd >= 0) close(t_waker.fd);
+  t_waker.fd = -1;
+}
+
+void wake_waker(int waker_fd) {
+  const uint64_t one = 1;
+  (void)!write(waker_fd, &one, sizeof one);
+}
+
+void SleeperList::remove(int waker_fd) {
+  const auto it = std::find(fds_.begin(), fds_.end(), waker_fd);
+  if (it != fds_.end()) fds_.erase(it);
+}
+
+void SleeperList::wake_all() const {
+  for (int fd : fds_) wake_waker(fd);
+}
+
+int sleep_on(std::vector<pollfd> &fds, int64_t timeout_us) {
+  timespec ts{};
+  if (timeout_us >= 0) ts = {static_cast<time_t>(timeout_us / 1000000), static_cast<long>(timeout_us % 1000000) * 1000};
+  const int n = ppoll(fds.data(), fds.size(), timeout_us >= 0 ? &ts : nullptr, nullptr);
+  if (n < 0) return errno == EINTR ? -EINTR : 0;
+  return n;
+}
+
+int64_t SpinBudget::ceiling_us() {
+  static const int64_t ceiling = [] {
+    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    const int64_t fallback = cores <= 1 ? 0 : cores <= 2 ? 20 : cores <= 4 ? 50 : 100;
+    return std::min<int64_t>(env_or("GPUSOCK_BUSY_POLL_US", fallback), 10000000);
+  }();
+  return ceiling;
+}
+
+int64_t SpinBudget::next_us() {
+  if (t_spin_us < 0) t_spin_us = ceiling_us();
+  return t_spin_us;
+}
+
+void SpinBudget::record(int64_t waited_us) {
+  const int64_t ceiling = ceiling_us();
+  t_spin_us = waited_us <= ceiling ? ceiling : next_us() / 2;
+}
+
+int64_t no_fd_step_us(unsigned sleeps) { return std::min<int64_t>(int64_t(10) << std::min(sleeps, 7u), 1000); }
+
+}  // namespace gpusock::socket

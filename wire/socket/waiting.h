@@ -1,0 +1,66 @@
+// Event-driven waiting for CPU sockets: a thread that must block spins for a
+// short, adaptive while, then sleeps in poll() on its sockets' transport wait
+// fds (wire/transport.h: wait_fd, arm_wait) and on its own waker, an eventfd
+// that another thread writes when its progress changed a socket this thread
+// sleeps on (two threads may sleep on one socket: a reader and a writer, or
+// gs_poll beside a blocking call; the engine's background thread may take a
+// wake-up first). An idle socket costs no CPU.
+#pragma once
+
+#include <poll.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace gpusock::socket {
+
+// This thread's waker: an eventfd made on first use, closed when the thread ends.
+int thread_waker_fd();
+// Takes whatever wake-ups reached this thread's waker.
+void drain_thread_waker();
+// In a child of fork(): the calling thread's waker is the parent's eventfd;
+// close it so the next use makes one of the child's own.
+void forget_thread_waker_after_fork();
+// Wakes the thread whose waker is `waker_fd`.
+void wake_waker(int waker_fd);
+
+// The wakers of the threads sleeping on one socket (guarded by its mutex).
+class SleeperList {
+ public:
+  void add(int waker_fd) { fds_.push_back(waker_fd); }
+  void remove(int waker_fd);
+  bool empty() const { return fds_.empty(); }
+  void wake_all() const;
+
+ private:
+  std::vector<int> fds_;
+};
+
+// What a socket's arming said (StreamSocket::arm_wait_fds).
+enum class Armed : uint8_t {
+  kSleep,    // its fds were added: anything new makes one readable
+  kPending,  // something is there already: progress again instead of sleeping
+  kNoFd,     // its transport has no wait fd: sleep in short steps
+};
+
+// Sleeps in poll() on fds for at most timeout_us (< 0: no limit). Returns the
+// number of ready fds, 0 at the timeout, -EINTR when a signal arrived.
+int sleep_on(std::vector<pollfd> &fds, int64_t timeout_us);
+
+// How long this thread spins before it sleeps. It adapts: a wait that ended
+// within the ceiling (it would have ended in a spin) lets the next ones spin
+// the whole ceiling, a longer one halves it, so a ping-pong keeps spinning
+// and an idle or oversubscribed thread soon sleeps at once. The ceiling is
+// GPUSOCK_BUSY_POLL_US, else a default by core count (0 with 1 core).
+class SpinBudget {
+ public:
+  static int64_t next_us();
+  static void record(int64_t waited_us);
+  static int64_t ceiling_us();
+};
+
+// The short sleep step for a transport without a wait fd, doubling from 10 µs
+// to 1 ms.
+int64_t no_fd_step_us(unsigned sleeps);
+
+}  // namespace gpusock::socket
