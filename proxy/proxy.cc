@@ -25,7 +25,7 @@ class HostMemoryResource final : public MemoryResource {
  public:
   const char *name() const override { return "host"; }
   bool has_device_memory() const override { return false; }
-  int allocate(MemoryKind kind, size_t size, MemoryBlock *out) override {
+  gs_status_t allocate(MemoryKind kind, size_t size, MemoryBlock *out) override {
     const size_t rounded = (size + 4095) & ~size_t(4095);
     void *p = std::aligned_alloc(4096, rounded);
     if (!p) return -ENOMEM;
@@ -43,7 +43,7 @@ class HostMemoryResource final : public MemoryResource {
 
 std::unique_ptr<MemoryResource> host_memory_resource() { return std::make_unique<HostMemoryResource>(); }
 
-int Proxy::Impl::start(const ProxyOptions &options_in, MemoryResource *memory) {
+gs_status_t Proxy::Impl::start(const ProxyOptions &options_in, MemoryResource *memory) {
   options_ = options_in;
   memory_ = memory;
   if (!memory_) return -EINVAL;
@@ -258,7 +258,7 @@ int Proxy::Impl::kernel_exited(int grid_status) {
 Proxy::Proxy(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Proxy::~Proxy() { stop(); }
 
-int Proxy::start(const ProxyOptions &options, MemoryResource *memory, std::unique_ptr<Proxy> *out) {
+gs_status_t Proxy::start(const ProxyOptions &options, MemoryResource *memory, std::unique_ptr<Proxy> *out) {
   if (!out) return -EINVAL;
   auto impl = std::make_unique<Impl>();
   const int rc = impl->start(options, memory);

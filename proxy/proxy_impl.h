@@ -55,7 +55,7 @@ struct Slot {
 class Proxy::Impl {
  public:
   ~Impl() { stop(); }
-  int start(const ProxyOptions &options, MemoryResource *memory);
+  gs_status_t start(const ProxyOptions &options, MemoryResource *memory);
   void stop();
   void request_kernel_stop() { publish(&shared_->stop, 1u); }
 

@@ -41,7 +41,7 @@ class MemoryResource {
   // True when kDevice memory is real GPU memory (not host memory).
   virtual bool has_device_memory() const = 0;
   // Zero-filled. Returns 0 or a negated errno.
-  virtual int allocate(MemoryKind kind, size_t size, MemoryBlock *out) = 0;
+  virtual gs_status_t allocate(MemoryKind kind, size_t size, MemoryBlock *out) = 0;
   virtual void release(MemoryBlock *block) = 0;
 };
 
@@ -78,7 +78,7 @@ class Proxy {
  public:
   // Opens the transport, allocates the channel and every buffer set from
   // `memory` (which must outlive the proxy) and starts the proxy thread.
-  static int start(const ProxyOptions &options, MemoryResource *memory, std::unique_ptr<Proxy> *out);
+  static gs_status_t start(const ProxyOptions &options, MemoryResource *memory, std::unique_ptr<Proxy> *out);
   ~Proxy();  // stop()
   Proxy(const Proxy &) = delete;
   Proxy &operator=(const Proxy &) = delete;

@@ -21,6 +21,8 @@
 
 namespace gpusock {
 
+// Status-only calls return gs_status_t; calls that return a descriptor or a
+// count in the same word keep POSIX's int / ssize_t (docs/architecture.md).
 // Defines `name`, the block form (detail::op<BlockScope>), and `name_warp`,
 // the warp form (detail::op<WarpScope>), both taking `params` (default
 // arguments included) and passing `args` on.
@@ -31,14 +33,14 @@ namespace gpusock {
 // protocol: ignored.
 GPUSOCK_BLOCK_AND_WARP_CALL(int, gsocket, socket, (const DeviceContext &c, int domain, int type, int /*protocol*/ = 0),
                             (c, domain, type))
-GPUSOCK_BLOCK_AND_WARP_CALL(int, gbind, bind, (const DeviceContext &c, int s, const sockaddr *addr, socklen_t len),
+GPUSOCK_BLOCK_AND_WARP_CALL(gs_status_t, gbind, bind, (const DeviceContext &c, int s, const sockaddr *addr, socklen_t len),
                             (c, s, addr, len))
-GPUSOCK_BLOCK_AND_WARP_CALL(int, glisten, listen, (const DeviceContext &c, int s, int backlog), (c, s, backlog))
+GPUSOCK_BLOCK_AND_WARP_CALL(gs_status_t, glisten, listen, (const DeviceContext &c, int s, int backlog), (c, s, backlog))
 // flags: SOCK_NONBLOCK for the new socket. The listener's own mode decides
 // whether gaccept waits.
 GPUSOCK_BLOCK_AND_WARP_CALL(int, gaccept, accept, (const DeviceContext &c, int s, int flags = 0, int timeout_ms = -1),
                             (c, s, flags, timeout_ms))
-GPUSOCK_BLOCK_AND_WARP_CALL(int, gconnect, connect,
+GPUSOCK_BLOCK_AND_WARP_CALL(gs_status_t, gconnect, connect,
                             (const DeviceContext &c, int s, const sockaddr *addr, socklen_t len, int timeout_ms = -1),
                             (c, s, addr, len, timeout_ms))
 // Blocking: returns once all len bytes are in the send ring. MSG_DONTWAIT:
@@ -51,15 +53,15 @@ GPUSOCK_BLOCK_AND_WARP_CALL(ssize_t, gsend, send,
 GPUSOCK_BLOCK_AND_WARP_CALL(ssize_t, grecv, recv,
                             (const DeviceContext &c, int s, void *buf, size_t len, int flags = 0, int timeout_ms = -1),
                             (c, s, buf, len, flags, timeout_ms))
-GPUSOCK_BLOCK_AND_WARP_CALL(int, gshutdown, shutdown, (const DeviceContext &c, int s, int how), (c, s, how))
-GPUSOCK_BLOCK_AND_WARP_CALL(int, gclose, close, (const DeviceContext &c, int s), (c, s))
+GPUSOCK_BLOCK_AND_WARP_CALL(gs_status_t, gshutdown, shutdown, (const DeviceContext &c, int s, int how), (c, s, how))
+GPUSOCK_BLOCK_AND_WARP_CALL(gs_status_t, gclose, close, (const DeviceContext &c, int s), (c, s))
 // Threads of the scope share the fds; returns how many have revents, 0 on timeout.
 GPUSOCK_BLOCK_AND_WARP_CALL(int, gpoll, poll, (const DeviceContext &c, gpollfd *fds, int nfds, int timeout_ms),
                             (c, fds, nfds, timeout_ms))
 // True once the host called Proxy::request_kernel_stop().
 GPUSOCK_BLOCK_AND_WARP_CALL(bool, gshould_stop, should_stop, (const DeviceContext &c), (c))
 // A request the proxy answers at once: one doorbell round trip.
-GPUSOCK_BLOCK_AND_WARP_CALL(int, gnop, nop, (const DeviceContext &c, int s), (c, s))
+GPUSOCK_BLOCK_AND_WARP_CALL(gs_status_t, gnop, nop, (const DeviceContext &c, int s), (c, s))
 
 #undef GPUSOCK_BLOCK_AND_WARP_CALL
 

@@ -123,7 +123,7 @@ class CudaMemoryResource final : public MemoryResource {
   }
   const char *name() const override { return name_; }
   bool has_device_memory() const override { return true; }
-  int allocate(MemoryKind kind, size_t size, MemoryBlock *out) override {
+  gs_status_t allocate(MemoryKind kind, size_t size, MemoryBlock *out) override {
     if (cudaSetDevice(device_) != cudaSuccess) return -ENODEV;
     *out = MemoryBlock{};
     out->size = size;
