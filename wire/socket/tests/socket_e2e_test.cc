@@ -350,8 +350,9 @@ TEST_F(SocketE2E, ListenOnAPortInUseSaysWhoHoldsIt) {
   const std::string why = gs_last_error();
   EXPECT_NE(why.find("EADDRINUSE"), std::string::npos) << why;
   const char *transport = std::getenv("GPUSOCK_TRANSPORT");
-  if (transport != nullptr && std::string(transport) == "fabric:shm")  // shm knows the owner
+  if (transport != nullptr && std::string(transport) == "fabric:shm") {  // shm knows the owner
     EXPECT_NE(why.find("in use by process " + std::to_string(echo_->pid())), std::string::npos) << why;
+  }
   gs_close(fd);
 }
 
