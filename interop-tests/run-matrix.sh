@@ -9,7 +9,7 @@
 # Logs of each case: $OUT/logs/<id>.{srv,cli,...}.
 #
 #   run-matrix.sh --bin BUILD_DIR --out OUT_DIR [--only SECTION[,SECTION]]
-# Sections: control rstream riostream rsocket memcached shim gpu hostile errors proof
+# Sections: control rstream riostream rsocket memcached shim gpu apps hostile errors proof
 set -u
 export LC_ALL=C
 if [[ ${MATRIX_TRACE:-0} == 1 ]]; then # timing of every step, to stderr
@@ -40,6 +40,9 @@ HOST=$T/gs_hostile
 PLAIN=$T/plain_echo_client
 GSP=$BIN/preload/libgpusock_preload.so
 GES=$BIN/gpu/bin/gpu_echo_server
+FVS=$BIN/gpu/bin/fv_gpu_server
+FVL=$BIN/gpu/bin/fv_load
+FVC=$BIN/gpu/bin/fv_client
 FIX=$T/librs44_workaround.so
 RSP=/usr/lib/x86_64-linux-gnu/rsocket/librspreload.so
 HW=/sys/class/infiniband/rxe0/ports/1/hw_counters
@@ -54,7 +57,7 @@ mkdir -p "$LOGS" "$SCR"
 rm -f "$LOGS"/* "$SCR"/*
 printf 'section\tpeer\trole\tcase\tstatus\tseconds\tnote\trxe_pkts\n' >"$RES"
 
-for f in "$GSR" "$GSX" "$RSX" "$GSM" "$GSE" "$HOST" "$FIX" "$RSP" "$PLAIN" "$GSP" "$GES"; do
+for f in "$GSR" "$GSX" "$RSX" "$GSM" "$GSE" "$HOST" "$FIX" "$RSP" "$PLAIN" "$GSP" "$GES" "$FVS" "$FVL" "$FVC"; do
 	[[ -e $f ]] || { echo "run-matrix: missing $f (build the interop_peers target)" >&2; exit 2; }
 done
 
@@ -619,6 +622,47 @@ if want gpu; then
 	[[ $echoed == "$expected" ]] || { V=FAIL; N+="server echoed '${echoed}' bytes, clients sent $expected; "; }
 	record gpu "gpu_echo_server (host backend)" gs-server "stops on SIGTERM, echoed = sent" $V "$(since "$t0")" \
 		"${N}echoed $echoed bytes, clients sent $expected; $(grep -m1 'gpusock proxy:' "$LOGS/$gid.srv" | oneline 160)" ""
+fi
+
+# ------------------------------------------------------------- apps
+# gpu/apps/face_verify's GPU-native server (host backend: no GPU in the guest)
+# over verbs: unmodified memcached 1.6.18 under librspreload holds the
+# reference features (loaded by fv_load under librspreload), the server's
+# blocks fetch them over their own gpusock sockets, and fv_client (plain
+# sockets) under librspreload sends faces and checks every reply against the
+# CPU reference: verdicts and exact chi-square, misses answered "unknown".
+if want apps; then
+	FV_ARGS="--size 64 --identities 200"
+	next_port
+	MCP=$PORT
+	next_port
+	FVP=$PORT
+	id=apps-face-verify
+	p0=$(($(cnt sent_pkts) + $(cnt rcvd_pkts)))
+	t0=$(now)
+	start_bg "$LOGS/$id.mc" 600 "$PRELOAD memcached -u root -l $A -p $MCP -U 0 -t 2 -m 64 -c 256 -vv"; mpid=$BG_PID
+	wait_line "$LOGS/$id.mc" 'server listening' 20 "$mpid"
+	V=PASS N=
+	if ! timeout -k 3 120 bash -c "$PRELOAD $FVL --memcached $A:$MCP $FV_ARGS --threads 1" >"$LOGS/$id.load" 2>&1; then
+		V=FAIL; N+="loader under librspreload failed: $(tail -n 1 "$LOGS/$id.load" | oneline 120); "
+	fi
+	start_bg "$LOGS/$id.srv" 600 "exec $FVS --host-backend --blocks 2 --threads 4 --conns 2 --port $FVP --memcached $A:$MCP"; spid=$BG_PID
+	wait_line "$LOGS/$id.srv" 'listening on port' 90 "$spid"
+	tcp_snapshot "$id" "$FVP" listening
+	timeout -k 3 300 bash -c "$PRELOAD $FVC --server $A:$FVP --conns 2 --requests 60 $FV_ARGS --timeout-ms 60000" \
+		>"$LOGS/$id.cli" 2>&1
+	rc=$?
+	tcp_snapshot "$id" "$FVP" after
+	kill -TERM "$spid" 2>/dev/null
+	wait_pid "$spid" 30
+	stop_bg "$mpid" # memcached under librspreload ignores SIGTERM (lab notes)
+	PKTS=$(($(cnt sent_pkts) + $(cnt rcvd_pkts) - p0))
+	((rc == 0)) || { V=FAIL; N+="fv_client exit $rc: $(tail -n 2 "$LOGS/$id.cli" | oneline 160); "; }
+	((WAIT_RC == 0)) || { V=FAIL; N+="server exit $WAIT_RC; "; }
+	((PKTS > 0)) || { V=FAIL; N+="no rxe0 packets; "; }
+	tcp_clean "$id" || { V=FAIL; N+="kernel TCP socket on the port; "; }
+	record apps "fv_client + memcached, both under librspreload" gs-server "face verification, 60 requests 64x64, every reply checked" \
+		$V "$(since "$t0")" "${N}$(grep -m1 -E 'replies|throughput' "$LOGS/$id.cli" | oneline 200)" "$PKTS"
 fi
 
 # ------------------------------------------------------------- hostile peers
