@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 
 namespace gpusock::proxy {
 
@@ -41,6 +42,51 @@ void Connection::apply_gpu_positions(uint64_t send_tail, uint64_t recv_read) {
     recv_reported_ = recv_read;
   }
   if (state == DriverState::kConnected) driver_.post_actions();
+}
+
+namespace {
+
+// Copies n bytes from/to a ring at absolute position pos, across its end.
+void ring_copy(uint8_t *ring, uint32_t size, uint64_t pos, uint8_t *bytes, uint32_t n, bool to_ring) {
+  const uint32_t offset = static_cast<uint32_t>(pos % size);
+  const uint32_t first = std::min(n, size - offset);
+  if (to_ring) {
+    std::memcpy(ring + offset, bytes, first);
+    std::memcpy(ring, bytes + first, n - first);
+  } else {
+    std::memcpy(bytes, ring + offset, first);
+    std::memcpy(bytes + first, ring, n - first);
+  }
+}
+
+}  // namespace
+
+void Connection::write_inline_send(uint64_t send_tail, const uint8_t *payload, uint32_t n) {
+  // Only the bytes this request adds: a stale or repeated request changes nothing.
+  if (n == 0 || n > channel::kInlineSendBytes || send_tail < n || send_tail - n != send_committed_) return;
+  // The GPU writes only into space published free; a request that says
+  // otherwise is not believed.
+  const uint64_t send_done = send_committed_ - driver_.core().send_unacked();
+  if (send_tail - send_done > buffers_.sbuf_size) return;
+  ring_copy(static_cast<uint8_t *>(buffers_.sbuf), buffers_.sbuf_size, send_tail - n, const_cast<uint8_t *>(payload),
+            n, true);
+}
+
+bool Connection::fill_inline_recv(channel::InlineRecv *out) const {
+  if (driver_.state() != DriverState::kConnected) return false;
+  const uint64_t end = recv_reported_ + driver_.core().recv_available();
+  const uint64_t n = end - recv_reported_;
+  if (n == 0 || n > channel::kInlineRecvBytes) return false;
+  channel::InlineRecv r{};
+  r.start = recv_reported_;
+  r.length = static_cast<uint32_t>(n);
+  ring_copy(static_cast<uint8_t *>(buffers_.rbuf), buffers_.rbuf_size, r.start, r.data, r.length, false);
+  r.check = channel::inline_check(reinterpret_cast<const uint64_t *>(&r));
+  // Word by word (the GPU reads words, and checks what it read), check last.
+  const uint64_t *src = reinterpret_cast<const uint64_t *>(&r);
+  uint64_t *dst = reinterpret_cast<uint64_t *>(out);
+  for (size_t i = 0; i < sizeof r / 8; ++i) __atomic_store_n(dst + i, src[i], __ATOMIC_RELAXED);
+  return true;
 }
 
 ConnSnapshot Connection::snapshot() const {

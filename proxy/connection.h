@@ -60,6 +60,14 @@ class Connection {
   // Flushed and disconnected (or out of time): it may be destroyed.
   bool close_finished() { return driver_.close_finished(); }
 
+  // kOpDataInline: the payload is the send ring's bytes [send_tail - n,
+  // send_tail): written there, unless the request is stale.
+  void write_inline_send(uint64_t send_tail, const uint8_t *payload, uint32_t n);
+  // The receive ring's bytes the GPU has not consumed (as far as its requests
+  // told), when they all fit into an InlineRecv: copied into *out (which is
+  // left alone otherwise). True if it wrote.
+  bool fill_inline_recv(channel::InlineRecv *out) const;
+
   ConnSnapshot snapshot() const;
   DriverState state() const { return driver_.state(); }
   const BufferSet &buffers() const { return buffers_; }

@@ -119,7 +119,12 @@ void Proxy::Impl::publish_slot(uint32_t index) {
     return;
   }
   if (now.buffer != sh.buffer) publish(&st.buffer, now.buffer);
-  if (now.recv_write != sh.recv_write) publish(&st.recv_write, now.recv_write);
+  if (now.recv_write != sh.recv_write) {
+    // A small request or reply rides beside the status line (InlineRecv).
+    if (s.conn && s.conn->fill_inline_recv(&inline_recv_[index]))
+      stat_inline_recvs_.fetch_add(1, std::memory_order_relaxed);
+    publish(&st.recv_write, now.recv_write);
+  }
   if (now.send_done != sh.send_done) publish(&st.send_done, now.send_done);
   if (now.accept_queued != sh.accept_queued) publish(&st.accept_queued, now.accept_queued);
   if (now.error != sh.error) publish(&st.error, now.error);

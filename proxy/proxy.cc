@@ -78,7 +78,8 @@ gs_status_t Proxy::Impl::start(const ProxyOptions &options_in, MemoryResource *m
   rc = memory_->allocate(MemoryKind::kHostMapped, size_t(entries) * sizeof(Request), &requests_mem_);
   if (rc == 0)
     rc = memory_->allocate(MemoryKind::kHostMapped,
-                           sizeof(ProxyShared) + size_t(options_.max_sockets) * sizeof(SocketStatus), &status_mem_);
+                           sizeof(ProxyShared) + size_t(options_.max_sockets) * (sizeof(SocketStatus) + sizeof(InlineRecv)),
+                           &status_mem_);
   const size_t sockets_bytes = size_t(options_.max_sockets) * sizeof(DeviceSocket);
   const size_t claims_bytes = (size_t(options_.max_sockets) * sizeof(uint32_t) + 63) & ~size_t(63);
   if (rc == 0) rc = memory_->allocate(MemoryKind::kDevice, sockets_bytes + claims_bytes + 128, &private_mem_);
@@ -93,6 +94,7 @@ gs_status_t Proxy::Impl::start(const ProxyOptions &options_in, MemoryResource *m
   requests_ = static_cast<Request *>(requests_mem_.host);
   shared_ = static_cast<ProxyShared *>(status_mem_.host);
   status_ = reinterpret_cast<SocketStatus *>(shared_ + 1);
+  inline_recv_ = reinterpret_cast<InlineRecv *>(status_ + options_.max_sockets);
   rbuf_reg_ = static_cast<uint8_t *>(device_rings ? rbuf_mem_.device : rbuf_mem_.host);
   sbuf_reg_ = static_cast<uint8_t *>(device_rings ? sbuf_mem_.device : sbuf_mem_.host);
 
@@ -101,6 +103,7 @@ gs_status_t Proxy::Impl::start(const ProxyOptions &options_in, MemoryResource *m
   ctx_.request_mask = entries - 1;
   ctx_.shared = static_cast<const ProxyShared *>(status_mem_.device);
   ctx_.status = reinterpret_cast<const SocketStatus *>(ctx_.shared + 1);
+  ctx_.inline_recv = reinterpret_cast<const InlineRecv *>(ctx_.status + options_.max_sockets);
   ctx_.sockets = reinterpret_cast<DeviceSocket *>(priv);
   ctx_.claims = reinterpret_cast<uint32_t *>(priv + sockets_bytes);
   ctx_.ticket = reinterpret_cast<unsigned long long *>(priv + sockets_bytes + claims_bytes);
@@ -283,6 +286,8 @@ ProxyStats Proxy::stats() const {
   s.rejected_no_buffer = impl_->stat_no_buffer_.load();
   s.orphans_closed = impl_->stat_orphans_.load();
   s.passes = impl_->stat_passes_.load();
+  s.inline_sends = impl_->stat_inline_sends_.load();
+  s.inline_recvs = impl_->stat_inline_recvs_.load();
   return s;
 }
 

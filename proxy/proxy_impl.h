@@ -62,7 +62,7 @@ class Proxy::Impl {
   DeviceContext ctx_{};
   std::string placement_;
   std::atomic<uint64_t> stat_requests_{0}, stat_connections_{0}, stat_full_laps_{0}, stat_no_buffer_{0};
-  std::atomic<uint64_t> stat_orphans_{0}, stat_passes_{0};
+  std::atomic<uint64_t> stat_orphans_{0}, stat_passes_{0}, stat_inline_sends_{0}, stat_inline_recvs_{0};
   int kernel_exited(int grid_status);
 
  private:
@@ -96,6 +96,7 @@ class Proxy::Impl {
   Request *requests_ = nullptr;  // host view
   ProxyShared *shared_ = nullptr;
   SocketStatus *status_ = nullptr;
+  InlineRecv *inline_recv_ = nullptr;  // per slot, after status_
   uint8_t *rbuf_reg_ = nullptr;  // what the transport registers
   uint8_t *sbuf_reg_ = nullptr;
   uint64_t head_ = 0;  // next ticket expected

@@ -23,11 +23,11 @@ bool Proxy::Impl::drain_requests() {
     if (__atomic_load_n(&e->seq, __ATOMIC_ACQUIRE) != head_ + 1) break;
     Request r;
     std::memcpy(static_cast<void *>(&r), e, 64);
-    if (r.addr_len > 0)  // words 8..11, as hashed (the address and the padding after it)
-      std::memcpy(reinterpret_cast<uint64_t *>(&r) + 8, reinterpret_cast<const uint64_t *>(e) + 8, 32);
+    const int line1 = request_line1_words(r);  // the address or an inline payload, as hashed
+    if (line1 > 0)
+      std::memcpy(reinterpret_cast<uint64_t *>(&r) + 8, reinterpret_cast<const uint64_t *>(e) + 8, 8 * size_t(line1));
     // The request may still be arriving piece by piece: take it only whole.
-    if (r.seq != head_ + 1 || request_check(reinterpret_cast<const uint64_t *>(&r), r.addr_len > 0) != r.check)
-      break;
+    if (r.seq != head_ + 1 || request_check(reinterpret_cast<const uint64_t *>(&r), line1) != r.check) break;
     std::atomic_thread_fence(std::memory_order_acquire);
     ++head_;
     ++taken;
@@ -69,6 +69,11 @@ void Proxy::Impl::handle(const Request &r) {
   const uint32_t index = r.slot;
   // Every request carries the GPU's ring positions: apply them first, so a
   // shutdown or close never overtakes bytes the GPU has already handed over.
+  // An inline payload goes into the send ring first: it is what send_tail adds.
+  if (s.conn && r.op == kOpDataInline) {
+    s.conn->write_inline_send(r.send_tail, r.payload, static_cast<uint32_t>(r.arg0));
+    stat_inline_sends_.fetch_add(1, std::memory_order_relaxed);
+  }
   if (s.conn && r.op != kOpAccept) {
     s.conn->apply_gpu_positions(r.send_tail, r.recv_read);
     activate(index);
@@ -78,7 +83,8 @@ void Proxy::Impl::handle(const Request &r) {
       complete(index, r, 0);
       return;
     case kOpData:
-      return;  // positions applied above
+    case kOpDataInline:
+      return;  // positions (and payload) applied above
     case kOpBind: {
       int rc = 0;
       if (s.listener || s.conn || s.addr_len) rc = -EINVAL;
@@ -193,6 +199,10 @@ void Proxy::Impl::release_slot(uint32_t index, bool abort) {
   s.addr = sockaddr_storage{};
   s.in_use = false;
   SocketStatus &st = status_[index];
+  // The next socket on this slot starts at ring position 0 again: an inline
+  // record left from this one would pass its check (zeros never do).
+  uint64_t *inline_words = reinterpret_cast<uint64_t *>(&inline_recv_[index]);
+  for (size_t i = 0; i < sizeof(InlineRecv) / 8; ++i) __atomic_store_n(inline_words + i, uint64_t(0), __ATOMIC_RELAXED);
   publish(&st.state, 0u);
   publish(&st.recv_write, uint64_t(0));
   publish(&st.send_done, uint64_t(0));

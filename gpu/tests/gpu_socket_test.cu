@@ -687,12 +687,20 @@ TEST_P(GpuEcho, BlocksEchoCpuClients) {
     bytes += res[b].bytes;
   }
   EXPECT_GT(bytes, 0);
+  if (c.max_size <= static_cast<int>(channel::kInlineSendBytes)) {
+    // Small messages take the inline paths: in the request, beside the status.
+    EXPECT_GT(proxy_->stats().inline_sends, 0u);
+    EXPECT_GT(proxy_->stats().inline_recvs, 0u);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Blocks, GpuEcho,
                          ::testing::Values(EchoCase{1, 4, 20, 16384}, EchoCase{8, 2, 10, 16384},
-                                           EchoCase{64, 1, 4, 4096}),
-                         [](const auto &info) { return std::to_string(info.param.blocks) + "_blocks"; });
+                                           EchoCase{64, 1, 4, 4096}, EchoCase{2, 2, 100, 64}),
+                         [](const auto &info) {
+                           return std::to_string(info.param.blocks) + "_blocks" +
+                                  (info.param.max_size <= 64 ? "_small" : "");
+                         });
 
 TEST_F(GpuSockets, WarpsEachOwnConnections) {
   start_proxy();

@@ -5,7 +5,8 @@
 //   ---------------------                     ------------------------------
 //   Request ring    host-mapped, GPU writes   polled by the proxy (its own DRAM)
 //   SocketStatus[]  proxy writes              polled by the GPU (one thread per
-//   ProxyShared     proxy writes               block or warp, with back-off)
+//   InlineRecv[]    proxy writes               block or warp, with back-off)
+//   ProxyShared     proxy writes
 //   DeviceSocket[], claims, ticket            GPU memory, never touched by the CPU
 //   receive rings / send rings                GPU memory when the transport can
 //                                             register it, else pinned host memory
@@ -37,9 +38,13 @@ enum Op : uint32_t {
   kOpAccept = 5,    // slot = the new socket, arg0/arg1 = listener slot/gen
   kOpShutdown = 6,  // arg0 = SHUT_RD/SHUT_WR/SHUT_RDWR
   kOpClose = 7,     // no completion: the slot is released once the proxy is done with it
+  kOpDataInline = 8,  // kOpData whose newest arg0 send bytes ride in the second line (payload):
+                      // the proxy writes them into the send ring (no ring write, no fence on the GPU)
 };
 
-inline constexpr uint32_t kMaxAddrLen = 28;  // sizeof(sockaddr_in6)
+inline constexpr uint32_t kMaxAddrLen = 28;        // sizeof(sockaddr_in6)
+inline constexpr uint32_t kInlineSendBytes = 64;   // a kOpDataInline payload: the second line
+inline constexpr uint32_t kInlineRecvBytes = 104;  // InlineRecv::data
 
 
 // One request, written by one GPU thread (a block's or a warp's leader). The
@@ -63,23 +68,36 @@ struct alignas(64) Request {
   int32_t arg1;
   uint32_t addr_len;
   uint32_t reserved;
-  uint64_t check;     // request_check() of the words before it
-  uint8_t addr[kMaxAddrLen];  // second line: only when addr_len > 0
+  uint64_t check;     // request_check() of the words before it (and of the second line's used words)
+  union {             // second line, when used
+    uint8_t addr[kMaxAddrLen];           // addr_len > 0 (bind, connect)
+    uint8_t payload[kInlineSendBytes];   // kOpDataInline: arg0 bytes
+  };
 };
 static_assert(sizeof(Request) == 128, "two cache lines");
-static_assert(offsetof(Request, check) == 56 && offsetof(Request, addr) == 64, "line 0: all but the address");
+static_assert(offsetof(Request, check) == 56 && offsetof(Request, addr) == 64, "line 0: all but the second line");
 
-// The hash of a request: words 0..6 of the first line, and with an address
-// the first 4 words of the second line (the address) as well.
-GS_HD uint64_t request_check(const uint64_t *words, bool with_addr) {
+// One step of the hash the channel's self-validating records use.
+GS_HD uint64_t channel_mix(uint64_t h, uint64_t word) {
+  h ^= word;
+  h *= 0x9E3779B97F4A7C15ull;
+  return h ^ (h >> 29);
+}
+
+// How many words of a request's second line are in use (and hashed): the
+// address (4), an inline payload (up to 8), or none. From a line that may be
+// torn: never more than the line holds.
+GS_HD int request_line1_words(const Request &r) {
+  if (r.op == kOpDataInline) return r.arg0 > 0 && r.arg0 <= static_cast<int32_t>(kInlineSendBytes) ? (r.arg0 + 7) / 8 : 0;
+  return r.addr_len > 0 ? 4 : 0;
+}
+
+// The hash of a request: words 0..6 of the first line, and the used words of
+// the second line.
+GS_HD uint64_t request_check(const uint64_t *words, int line1_words) {
   uint64_t h = 0x6A09E667F3BCC909ull;
-  const int n = with_addr ? 12 : 7;
-  for (int i = 0; i < n; ++i) {
-    if (i == 7) continue;  // check itself
-    h ^= words[i];
-    h *= 0x9E3779B97F4A7C15ull;
-    h ^= h >> 29;
-  }
+  for (int i = 0; i < 7; ++i) h = channel_mix(h, words[i]);
+  for (int i = 0; i < line1_words; ++i) h = channel_mix(h, words[8 + i]);
   return h;
 }
 
@@ -124,6 +142,27 @@ struct alignas(64) ProxyShared {
 };
 static_assert(sizeof(ProxyShared) == 128 && offsetof(ProxyShared, stop) == 64, "consumed and stop: a line each");
 
+// The newest bytes of a socket's receive ring, copied by the proxy beside the
+// status line when all the GPU has not consumed fits (a request, a reply):
+// the GPU reads it with the status line, in the same PCIe round trip, and
+// needs no second read of the ring. Written by the proxy, read by the GPU
+// without ordering: `check` says whether what it read is whole (a record
+// caught half-written, or a stale one, fails it and the GPU reads the ring).
+struct alignas(64) InlineRecv {
+  uint64_t start;   // absolute receive-ring position of data[0]
+  uint32_t length;  // bytes in data (0: nothing)
+  uint32_t reserved;
+  uint8_t data[kInlineRecvBytes];
+  uint64_t check;   // inline_check() of the 15 words before it
+};
+static_assert(sizeof(InlineRecv) == 128 && offsetof(InlineRecv, check) == 120, "two lines, check last");
+
+GS_HD uint64_t inline_check(const uint64_t *words) {
+  uint64_t h = 0xBB67AE8584CAA73Bull;
+  for (int i = 0; i < 15; ++i) h = channel_mix(h, words[i]);
+  return h;
+}
+
 // GPU-private state of a socket (GPU memory; only its owner block/warp uses it).
 struct DeviceSocket {
   uint64_t send_tail;
@@ -152,6 +191,7 @@ struct DeviceContext {
   uint32_t request_mask = 0;  // entries - 1 (a power of two)
   const ProxyShared *shared = nullptr;
   const SocketStatus *status = nullptr;
+  const InlineRecv *inline_recv = nullptr;  // per slot, beside status
   DeviceSocket *sockets = nullptr;
   uint32_t *claims = nullptr;        // per slot: times claimed (GPU atomics)
   unsigned long long *ticket = nullptr;  // request tickets handed out (GPU atomics)

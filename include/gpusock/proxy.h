@@ -72,6 +72,8 @@ struct ProxyStats {
   uint64_t rejected_no_buffer = 0; // incoming connections left waiting: no spare buffer set
   uint64_t orphans_closed = 0;     // sockets kernel_exited() closed for a kernel that did not
   uint64_t passes = 0;             // proxy loop passes (ns per pass = elapsed / passes)
+  uint64_t inline_sends = 0;       // small sends that rode in their request (kOpDataInline)
+  uint64_t inline_recvs = 0;       // small arrivals copied beside the status line (InlineRecv)
 };
 
 class Proxy {

@@ -57,6 +57,22 @@ GS_HD StatusView read_status(const DeviceContext &c, const SocketStatus *st) {
   v.send_error = static_cast<int32_t>(b[3]);
   return v;
 }
+// An InlineRecv as one read found it (channel.h): usable only when whole.
+struct InlineView {
+  uint64_t w[sizeof(InlineRecv) / 8];
+  GS_HD bool whole() const { return inline_check(w) == w[15]; }
+  GS_HD uint64_t start() const { return w[0]; }
+  GS_HD uint64_t end() const { return w[0] + static_cast<uint32_t>(w[1]); }
+  GS_HD const uint8_t *data() const { return reinterpret_cast<const uint8_t *>(w + 2); }
+};
+
+// Eight 16-byte relaxed loads, in flight together: issued before read_status
+// (whose last load is an acquire), they cost no round trip of their own.
+GS_HD void read_inline(const InlineRecv *r, InlineView *v) {
+  const uint64_t *src = reinterpret_cast<const uint64_t *>(r);
+  for (int i = 0; i < 16; i += 2) prim::load_relaxed_x2(src + i, &v->w[i], &v->w[i + 1]);
+}
+
 // Counters again, after a fence_acquire() that followed the read of the state.
 GS_HD void reread_counters(const SocketStatus *st, StatusView *v) {
   prim::load_relaxed_x2(&st->recv_write, &v->recv_write, &v->send_done);
@@ -106,11 +122,13 @@ GS_HD int push_request(const DeviceContext &c, const Request &r, bool release = 
   Request *e = c.requests + (ticket & c.request_mask);
   Request w = r;
   w.seq = ticket + 1;
-  w.check = request_check(reinterpret_cast<const uint64_t *>(&w), w.addr_len > 0);
+  const int line1 = request_line1_words(w);
+  w.check = request_check(reinterpret_cast<const uint64_t *>(&w), line1);
   const uint64_t *src = reinterpret_cast<const uint64_t *>(&w);
   uint64_t *dst = reinterpret_cast<uint64_t *>(e);
-  if (r.addr_len > 0)  // the address line (covered by check too)
-    for (unsigned i = 8; i < 12; ++i) prim::store_relaxed(dst + i, src[i]);
+  // The second line when used (an address, an inline payload: covered by
+  // check too), whole: four 16-byte stores the GPU sends as one write.
+  if (line1 > 0) prim::store_line_relaxed(dst + 8, src + 8);
   // Release (a fence, ~0.7 µs on an H100): only when this block wrote ring
   // bytes the proxy will send (ordered before us by the block's barrier). The
   // request itself needs none: the proxy takes it only once check matches.

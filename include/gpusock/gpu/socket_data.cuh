@@ -50,15 +50,33 @@ GS_HD Plan ring_plan(const uint8_t *rings, uint32_t ring_size, uint32_t buffer, 
               reinterpret_cast<uint64_t>(rings + static_cast<size_t>(buffer) * ring_size)};
 }
 
-// Leader: how much may be read now, or the result if nothing can be.
-GS_HD Plan recv_plan(const DeviceContext &c, int s, size_t want, bool dontwait, uint64_t deadline) {
+// Leader: when the socket's InlineRecv, read with its status, holds all the
+// bytes published (and those from recv_read on), copies up to `want` of them
+// to dst and says how many; 0 when the ring must be read.
+GS_HD uint64_t take_inline(const InlineView &iv, uint64_t recv_read, uint64_t recv_write, size_t want, uint8_t *dst) {
+  if (!iv.whole() || iv.start() > recv_read || iv.end() <= recv_read || iv.end() < recv_write) return 0;
+  uint64_t n = iv.end() - recv_read;
+  if (n > want) n = want;
+  memcpy(dst, iv.data() + (recv_read - iv.start()), static_cast<size_t>(n));
+  return n;
+}
+
+// Leader: how much may be read now, or the result if nothing can be. A small
+// message that came inline is copied to inline_dst at once: the plan then
+// says how many bytes, with no ring (ring == 0).
+GS_HD Plan recv_plan(const DeviceContext &c, int s, size_t want, bool dontwait, uint64_t deadline,
+                     uint8_t *inline_dst) {
   if (const int rc = open_socket(c, s); rc < 0) return plan_result(rc);
   DeviceSocket &d = c.sockets[s];
   if (d.flags & kDevShutRd) return plan_result(0);  // EOF after our own SHUT_RD
   const SocketStatus *st = c.status + s;
   prim::Backoff backoff;
+  InlineView iv;
   for (;;) {
+    read_inline(c.inline_recv + s, &iv);  // in flight with the status line's loads
     StatusView v = read_status(c, st);
+    if (const uint64_t n = take_inline(iv, d.recv_read, v.recv_write, want, inline_dst))
+      return Plan{static_cast<int64_t>(n), 0, 0};
     const uint32_t state = v.state;
     const bool terminal = (state & (kStError | kStFailed | kStRecvClosed | kStHangup)) != 0;
     if (terminal && v.recv_write <= d.recv_read) {
@@ -83,11 +101,12 @@ GS_HD ssize_t recv(const DeviceContext &c, int s, void *buf, size_t len, int fla
   size_t done = 0;
   while (done < len) {
     Plan p{};
-    if (S::leader()) p = recv_plan(c, s, len - done, dontwait, deadline);
+    if (S::leader()) p = recv_plan(c, s, len - done, dontwait, deadline, static_cast<uint8_t *>(buf) + done);
     p = S::broadcast(p);
     if (p.n <= 0) return done > 0 ? static_cast<ssize_t>(done) : static_cast<ssize_t>(p.n);
     const uint8_t *ring = reinterpret_cast<const uint8_t *>(p.ring);
-    group_copy<S>(static_cast<uint8_t *>(buf) + done, ring + p.offset, static_cast<size_t>(p.n), true);
+    if (ring)  // else the leader copied the bytes from the inline record
+      group_copy<S>(static_cast<uint8_t *>(buf) + done, ring + p.offset, static_cast<size_t>(p.n), true);
     S::sync();  // every thread is done reading before the space is handed back
     if (S::leader()) {
       DeviceSocket &d = c.sockets[s];
@@ -161,6 +180,21 @@ GS_HD ssize_t send(const DeviceContext &c, int s, const void *buf, size_t len, i
     if (p.n < 0 || (p.n == 0 && len > 0))
       return done > 0 ? static_cast<ssize_t>(done) : static_cast<ssize_t>(p.n);
     if (len == 0) return 0;
+    if (done == 0 && len <= kInlineSendBytes && static_cast<size_t>(p.n) == len) {
+      // A whole small message rides in the request (kOpDataInline): the proxy
+      // writes it into the ring, so the GPU writes no ring byte and needs no
+      // release fence. The plan's broadcast was the barrier after which the
+      // leader may read every thread's bytes.
+      if (S::leader()) {
+        DeviceSocket &d = c.sockets[s];
+        d.send_tail += len;
+        Request r = make_request(c, s, kOpDataInline);
+        r.arg0 = static_cast<int32_t>(len);
+        memcpy(r.payload, buf, len);
+        push_request(c, r);
+      }
+      return static_cast<ssize_t>(len);
+    }
     uint8_t *ring = reinterpret_cast<uint8_t *>(p.ring);
     group_copy<S>(ring + p.offset, static_cast<const uint8_t *>(buf) + done, static_cast<size_t>(p.n), false);
     // No fence per thread: the barrier orders every thread's ring writes before
