@@ -13,7 +13,9 @@
 //   p6_requests          gnop requests/s that the one proxy thread serves, with
 //                        --p6-blocks blocks (default: one per multiprocessor) each
 //                        driving its own socket
-//   stream_MBps          one GPU block streaming to a CPU sink
+//   stream_{1block,32blocks}_{gpu,cpu,ratio}  GPU blocks (a socket each) streaming
+//                        to CPU drain servers, and CPU clients with as many
+//                        connections streaming to the same servers
 //
 //   gpu_bench [--host-backend] [--transport T] [--iters N] [--stream-mib M]
 //             [--p5-mib M] [--p6-blocks B] [--p6-ms MS] [--threads T] [--rings BYTES]
@@ -288,13 +290,15 @@ struct DrainServerKernel {
   }
 };
 
+// Streaming: each block connects to a drain server, sends `per_block` bytes
+// in `chunk`-byte gsends, shuts down writing and reads the 8-byte count back.
 struct StreamKernel {
   DeviceContext ctx;
   int port;
   uint8_t *data;
   uint64_t chunk;
-  uint64_t total;
-  BenchResult *out;
+  uint64_t per_block;
+  BenchResult *out;  // one per block
   GS_HD void operator()() const {
     for (uint64_t i = thread_rank(); i < chunk; i += block_dim()) data[i] = static_cast<uint8_t>(i * 13);
     sync_block();
@@ -302,25 +306,21 @@ struct StreamKernel {
     int rc = s < 0 ? s : 0;
     const unsigned long long t0 = now_ns();
     uint64_t sent = 0;
-    while (rc == 0 && sent < total) {
-      const uint64_t n = total - sent < chunk ? total - sent : chunk;
+    while (rc == 0 && sent < per_block) {
+      const uint64_t n = per_block - sent < chunk ? per_block - sent : chunk;
       const ssize_t k = gsend(ctx, s, data, n, 0, 20000);
       if (k != static_cast<ssize_t>(n)) rc = k < 0 ? static_cast<int>(k) : -EIO;
       sent += n;
     }
     if (rc == 0) rc = gshutdown(ctx, s, SHUT_WR);
-    size_t got = 0;
-    while (rc == 0) {  // the sink answers once it has read everything
-      const ssize_t k = grecv(ctx, s, out->reply + got, sizeof out->reply - 1 - got, 0, 20000);
-      if (k <= 0) {
-        if (k < 0) rc = static_cast<int>(k);
-        break;
-      }
-      got += static_cast<size_t>(k);
-    }
+    char *count = out[block_index()].reply;  // the drain server's 8-byte count (the block's shared buffer)
+    if (rc == 0 && grecv(ctx, s, count, 8, MSG_WAITALL, 20000) != 8) rc = -EIO;
+    uint64_t got = 0;
+    memcpy(&got, count, 8);
+    if (rc == 0 && got != per_block) rc = -EIO;
     const unsigned long long ns = now_ns() - t0;
     if (s >= 0) gclose(ctx, s);
-    report(out, {.error = rc, .ns = ns, .bytes = sent});
+    report(out + block_index(), {.error = rc, .ns = ns, .bytes = sent});
   }
 };
 
@@ -402,7 +402,7 @@ int main(int argc, char **argv) {
               proxy->placement().c_str());
   std::fflush(stdout);
 
-  constexpr int kResults = 16;
+  constexpr int kResults = 64;
   MemoryBlock results{}, small{}, big{}, words{}, rate{};
   const uint64_t chunk = 1u << 20;
   if (memory->allocate(MemoryKind::kHostMapped, kResults * sizeof(BenchResult), &results) < 0 ||
@@ -662,22 +662,48 @@ int main(int argc, char **argv) {
     }
   }
 
-  // ---- GPU client streaming to a CPU sink
-  {
-    const int port = gpusock::test::free_port();
-    Peer sink({"sink", std::to_string(port), "1"});
-    const uint64_t total = uint64_t(stream_mib) << 20;
-    BenchResult *r = res_host + slot;
-    if (grid.start(backend, shape,
-                   StreamKernel{ctx, port, static_cast<uint8_t *>(big.device), chunk, total, res_dev + slot}) == 0 &&
-        grid.wait() == 0 && r->error == 0 && std::strtoull(r->reply, nullptr, 10) == total) {
-      std::printf("RESULT stream_MBps %.0f MB/s GPU client, 1 block, to a CPU sink\n",
-                  double(total) * 1000.0 / double(r->ns));
-    } else {
-      std::printf("RESULT stream_MBps FAILED %s (sink: '%s')\n", gs_status_name(static_cast<int>(r->error)), r->reply);
-      status = 1;
+  // ---- Streaming to CPU drain servers: 1 block and 32 blocks, each with its
+  // own socket, against CPU clients with as many connections (same servers,
+  // same chunks, same transport).
+  for (const unsigned streams : {1u, 32u}) {
+    if (slot + streams > kResults) break;
+    const uint64_t per = (uint64_t(stream_mib) << 20) / streams;
+    double gpu_mbps = -1, cpu_mbps = -1;
+    {
+      const int port = gpusock::test::free_port();
+      Peer drains({"drains", std::to_string(port), std::to_string(streams), std::to_string(chunk)});
+      BenchResult *r = res_host + slot;
+      std::memset(r, 0, sizeof(BenchResult) * streams);
+      if (grid.start(backend, LaunchShape{streams, shape.threads, 0},
+                     StreamKernel{ctx, port, static_cast<uint8_t *>(big.device), chunk, per, res_dev + slot}) == 0 &&
+          grid.wait() == 0) {
+        unsigned long long max_ns = 0;
+        long long err = 0;
+        for (unsigned b = 0; b < streams; ++b) {
+          max_ns = std::max(max_ns, r[b].ns);
+          if (r[b].error) err = r[b].error;
+        }
+        if (err == 0 && max_ns > 0) gpu_mbps = double(per) * streams * 1000.0 / double(max_ns);
+        else std::printf("  (GPU streams ended with %s)\n", gs_status_name(static_cast<int>(err)));
+      }
+      slot += streams;
     }
-    ++slot;
+    {
+      const int port = gpusock::test::free_port();
+      Peer drains({"drains", std::to_string(port), std::to_string(streams), std::to_string(chunk)});
+      cpu_mbps = run_client({"streams", std::to_string(port), std::to_string(streams), std::to_string(per),
+                             std::to_string(chunk), tmp},
+                            tmp, 120000);
+    }
+    char name[48];
+    std::snprintf(name, sizeof name, "stream_%ublock%s", streams, streams > 1 ? "s" : "");
+    if (gpu_mbps > 0) std::printf("RESULT %s_gpu %.0f MB/s %u GPU block(s), a socket each, to CPU drains\n", name, gpu_mbps, streams);
+    else fail((std::string(name) + "_gpu").c_str(), -EIO);
+    if (cpu_mbps > 0) std::printf("RESULT %s_cpu %.0f MB/s %u CPU client connection(s) to the same drains\n", name, cpu_mbps, streams);
+    else fail((std::string(name) + "_cpu").c_str(), -EIO);
+    if (gpu_mbps > 0 && cpu_mbps > 0)
+      std::printf("RESULT %s_ratio %.2f x target >= %s\n", name, gpu_mbps / cpu_mbps, streams > 1 ? "0.9" : "1.0");
+    std::fflush(stdout);
   }
   proxy->kernel_exited(0);  // the listener
   memory->release(&results);

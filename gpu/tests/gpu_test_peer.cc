@@ -23,6 +23,9 @@
 //                                        read an 8-byte count; writes MB/s to OUTFILE
 //   drain    PORT COUNT CHUNK            COUNT times: accept, read to EOF in CHUNK-byte
 //                                        reads, reply with the 8-byte count, close
+//   drains   PORT COUNT CHUNK            the same for COUNT connections at once, a thread each
+//   streams  PORT CONNS BYTES CHUNK OUT  CONNS connections at once, a thread each: stream as
+//                                        `stream` does; writes the total MB/s to OUT
 #include "test-support/peer_modes.h"
 #include "test-support/timing.h"
 
@@ -34,7 +37,9 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
+#include <atomic>
 
 namespace {
 
@@ -206,25 +211,63 @@ int echo_one(int port) {
   return 0;
 }
 
-int drain_server(int port, int count, size_t chunk) {
-  const int lfd = listen_on(port, 0);
+// Reads connection c to EOF in chunk-byte reads, replies with the count, closes.
+void drain_one(int c, size_t chunk) {
   std::vector<uint8_t> buf(chunk);
+  uint64_t bytes = 0;
+  for (;;) {
+    const ssize_t n = gs_recv(c, buf.data(), buf.size(), 0);
+    if (n < 0) die(4, "drain recv", n);
+    if (n == 0) break;
+    bytes += static_cast<uint64_t>(n);
+  }
+  send_all(c, reinterpret_cast<uint8_t *>(&bytes), sizeof bytes);
+  gs_shutdown(c, SHUT_WR);
+  gs_close(c);
+}
+
+// count connections, one after the other (parallel = false) or at once.
+int drain_server(int port, int count, size_t chunk, bool parallel) {
+  const int lfd = listen_on(port, 0);
+  std::vector<std::thread> threads;
   for (int i = 0; i < count; ++i) {
     const int c = gs_accept(lfd, nullptr, nullptr);
     if (c < 0) die(3, "accept", c);
-    uint64_t bytes = 0;
-    for (;;) {
-      const ssize_t n = gs_recv(c, buf.data(), buf.size(), 0);
-      if (n < 0) die(4, "drain recv", n);
-      if (n == 0) break;
-      bytes += static_cast<uint64_t>(n);
-    }
-    send_all(c, reinterpret_cast<uint8_t *>(&bytes), sizeof bytes);
-    gs_shutdown(c, SHUT_WR);
-    gs_close(c);
+    if (parallel) threads.emplace_back(drain_one, c, chunk);
+    else drain_one(c, chunk);
   }
+  for (auto &t : threads) t.join();
   gs_close(lfd);
   return 0;
+}
+
+// conns streams at once, each as stream_client; the total rate.
+int stream_clients(int port, int conns, uint64_t bytes, size_t chunk, const char *out) {
+  std::vector<int> fds;
+  for (int i = 0; i < conns; ++i) fds.push_back(connect_to(port));
+  std::vector<std::thread> threads;
+  std::atomic<int> failed{0};
+  const Stopwatch watch;
+  for (int fd : fds)
+    threads.emplace_back([&, fd] {
+      std::vector<uint8_t> buf(chunk, 0x5C);
+      for (uint64_t off = 0; off < bytes;) {
+        const size_t n = static_cast<size_t>(std::min<uint64_t>(chunk, bytes - off));
+        if (!send_all(fd, buf.data(), n)) {
+          failed = 1;
+          return;
+        }
+        off += n;
+      }
+      gs_shutdown(fd, SHUT_WR);
+      uint64_t count = 0;
+      if (!recv_all(fd, reinterpret_cast<uint8_t *>(&count), sizeof count) || count != bytes) failed = 1;
+    });
+  for (auto &t : threads) t.join();
+  const double secs = watch.seconds();
+  for (int fd : fds) gs_close(fd);
+  if (failed) return 8;
+  return write_result(out, double(bytes) * conns / secs / 1e6) ? 0 : 1;
 }
 
 }  // namespace
@@ -252,6 +295,10 @@ int main(int argc, char **argv) {
     return pingpong_client(port, static_cast<size_t>(arg(3, 64)), arg(4, 1000), argv[5]);
   if (mode == "stream" && argc > 5)
     return stream_client(port, static_cast<uint64_t>(arg(3, 0)), static_cast<size_t>(arg(4, 65536)), argv[5]);
-  if (mode == "drain") return drain_server(port, static_cast<int>(arg(3, 1)), static_cast<size_t>(arg(4, 65536)));
+  if (mode == "drain") return drain_server(port, static_cast<int>(arg(3, 1)), static_cast<size_t>(arg(4, 65536)), false);
+  if (mode == "drains") return drain_server(port, static_cast<int>(arg(3, 1)), static_cast<size_t>(arg(4, 65536)), true);
+  if (mode == "streams" && argc > 6)
+    return stream_clients(port, static_cast<int>(arg(3, 1)), static_cast<uint64_t>(arg(4, 0)),
+                          static_cast<size_t>(arg(5, 65536)), argv[6]);
   return 1;
 }

@@ -168,6 +168,13 @@ GS_HD Plan send_plan(const DeviceContext &c, int s, size_t want, bool dontwait, 
   }
 }
 
+// A large send goes in pieces of a quarter ring, each announced by its own
+// request: the proxy starts sending the first while the scope copies the next.
+GS_HD size_t send_piece(const DeviceContext &c, size_t left) {
+  const size_t piece = c.sbuf_size / 4 > 4096 ? c.sbuf_size / 4 : 4096;
+  return left < piece ? left : piece;
+}
+
 template <class S>
 GS_HD ssize_t send(const DeviceContext &c, int s, const void *buf, size_t len, int flags, int timeout_ms) {
   const uint64_t deadline = S::leader() ? deadline_after(timeout_ms) : 0;  // only the leader waits
@@ -175,7 +182,7 @@ GS_HD ssize_t send(const DeviceContext &c, int s, const void *buf, size_t len, i
   size_t done = 0;
   do {
     Plan p{};
-    if (S::leader()) p = send_plan(c, s, len - done, dontwait, deadline);
+    if (S::leader()) p = send_plan(c, s, send_piece(c, len - done), dontwait, deadline);
     p = S::broadcast(p);
     if (p.n < 0 || (p.n == 0 && len > 0))
       return done > 0 ? static_cast<ssize_t>(done) : static_cast<ssize_t>(p.n);
