@@ -187,11 +187,9 @@ void load() {
   const char *dir_env = getenv("GPUSOCK_RSOCKET_CONF_DIR");
   const std::string dir = dir_env && *dir_env ? dir_env : "/etc/rdma/rsocket";
   long v = 0;
-  apply_value_file(dir, "mem_default", "GPUSOCK_MEM_DEFAULT", 1, 1L << 30, nullptr);
-  apply_value_file(dir, "wmem_default", "GPUSOCK_WMEM_DEFAULT", 1, 1L << 30, nullptr);
-  apply_value_file(dir, "inline_default", "GPUSOCK_INLINE", 0, 65535, nullptr);
-  apply_value_file(dir, "sqsize_default", "GPUSOCK_SQSIZE", 1, 65535, nullptr);
-  apply_value_file(dir, "rqsize_default", "GPUSOCK_RQSIZE", 1, 65535, nullptr);
+  // mem_default, wmem_default, inline_default, sqsize_default and
+  // rqsize_default the library reads itself (wire/socket/engine.cc); rsocket's
+  // polling time is the ceiling of the library's spin.
   apply_value_file(dir, "polling_time", "GPUSOCK_BUSY_POLL_US", 0, 10000000, nullptr);
   if (const char *e = getenv("GPUSOCK_IOMAP_SIZE")) {
     c->iomap_size = atoi(e);

@@ -12,18 +12,44 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 namespace gpusock::socket {
 
 namespace {
 
+bool parse_long(const char *text, long lo, long hi, long *out) {
+  char *end = nullptr;
+  errno = 0;
+  const long n = std::strtol(text, &end, 0);
+  while (*end == '\n' || *end == ' ' || *end == '\t') ++end;
+  if (end == text || *end != '\0' || errno || n < lo || n > hi) return false;
+  *out = n;
+  return true;
+}
+
 long env_long(const char *name, long fallback, long lo, long hi) {
   const char *v = std::getenv(name);
-  if (!v || !*v) return fallback;
-  char *end = nullptr;
-  const long n = std::strtol(v, &end, 0);
-  if (*end != '\0' || n < lo || n > hi) return fallback;
-  return n;
+  long n;
+  return v && *v && parse_long(v, lo, hi, &n) ? n : fallback;
+}
+
+// A default as rsocket takes it: the environment variable, else rsocket's
+// file of that name (/etc/rdma/rsocket, or GPUSOCK_RSOCKET_CONF_DIR), else
+// the built-in value (§2.10).
+long env_or_rsocket_file(const char *env, const char *file, long fallback, long lo, long hi) {
+  if (const char *v = std::getenv(env); v && *v) return env_long(env, fallback, lo, hi);
+  const char *dir = std::getenv("GPUSOCK_RSOCKET_CONF_DIR");
+  const std::string path = std::string(dir && *dir ? dir : "/etc/rdma/rsocket") + "/" + file;
+  char text[64] = {};
+  if (FILE *f = std::fopen(path.c_str(), "r")) {
+    const size_t got = std::fread(text, 1, sizeof text - 1, f);
+    std::fclose(f);
+    text[got] = '\0';
+    long n;
+    if (parse_long(text, lo, hi, &n)) return n;
+  }
+  return fallback;
 }
 
 void sleep_us(long us) {
@@ -59,12 +85,17 @@ Engine &Engine::get() {
 }
 
 Engine::Engine() {
-  // rsocket's defaults (§2.10), overridable per process.
-  defaults_.rbuf_size = static_cast<uint32_t>(env_long("GPUSOCK_MEM_DEFAULT", wire::kDefaultBufSize, 4096, 1 << 30));
-  defaults_.sbuf_size = static_cast<uint32_t>(env_long("GPUSOCK_WMEM_DEFAULT", wire::kDefaultBufSize, 4096, 1 << 30));
-  defaults_.sq_size = static_cast<uint16_t>(env_long("GPUSOCK_SQSIZE", wire::kDefaultSqSize, 16, wire::kQpMaxSize));
-  defaults_.rq_size = static_cast<uint16_t>(env_long("GPUSOCK_RQSIZE", wire::kDefaultRqSize, 16, wire::kQpMaxSize));
-  defaults_.inline_size = static_cast<uint32_t>(env_long("GPUSOCK_INLINE", wire::kDefaultInline, 0, 65535));
+  // rsocket's defaults (§2.10), overridable per process and by rsocket's files.
+  defaults_.rbuf_size = static_cast<uint32_t>(
+      env_or_rsocket_file("GPUSOCK_MEM_DEFAULT", "mem_default", wire::kDefaultBufSize, 4096, 1 << 30));
+  defaults_.sbuf_size = static_cast<uint32_t>(
+      env_or_rsocket_file("GPUSOCK_WMEM_DEFAULT", "wmem_default", wire::kDefaultBufSize, 4096, 1 << 30));
+  defaults_.sq_size = static_cast<uint16_t>(
+      env_or_rsocket_file("GPUSOCK_SQSIZE", "sqsize_default", wire::kDefaultSqSize, 16, wire::kQpMaxSize));
+  defaults_.rq_size = static_cast<uint16_t>(
+      env_or_rsocket_file("GPUSOCK_RQSIZE", "rqsize_default", wire::kDefaultRqSize, 16, wire::kQpMaxSize));
+  defaults_.inline_size =
+      static_cast<uint32_t>(env_or_rsocket_file("GPUSOCK_INLINE", "inline_default", wire::kDefaultInline, 0, 65535));
   close_flush_s_ = static_cast<int>(env_long("GPUSOCK_CLOSE_FLUSH_S", 10, 0, 3600));
   const char *level = std::getenv("GPUSOCK_LOG");
   if (level) {
