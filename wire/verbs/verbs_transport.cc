@@ -8,7 +8,9 @@
 #include <endian.h>
 #include <fcntl.h>
 #include <infiniband/verbs.h>
+#include <poll.h>
 #include <rdma/rdma_cma.h>
+#include <sys/epoll.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -39,6 +41,12 @@ const TransportCaps kVerbsCaps = {
 int set_nonblocking(int fd) {
   const int flags = fcntl(fd, F_GETFL);
   return flags < 0 ? -errno : (fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0 ? -errno : 0);
+}
+
+// Readable now? (A look at a level-triggered fd; no wait.)
+bool fd_readable(int fd) {
+  pollfd pfd{fd, POLLIN, 0};
+  return ::poll(&pfd, 1, 0) > 0;
 }
 
 socklen_t sockaddr_len(const sockaddr *sa) {
@@ -205,31 +213,17 @@ class VerbsEndpoint final : public Endpoint {
   }
 
   int poll(Completion *out, int max) override {
-    if (!cq_) return 0;
-    ibv_wc wc[32];
-    const int n = ibv_poll_cq(cq_, std::min(max, 32), wc);
-    if (n < 0) return -EIO;
+    if (!cq_ || max <= 0) return 0;
     int produced = 0;
-    for (int i = 0; i < n; ++i) {
-      if (wc[i].wr_id == kSkipCompletion && wc[i].status == IBV_WC_SUCCESS) continue;  // the payload half of an iWARP message; its send completes the token
-      Completion &c = out[produced++];
-      c = Completion{};
-      c.status = wc[i].status == IBV_WC_SUCCESS ? 0 : (wc[i].status == IBV_WC_WR_FLUSH_ERR ? -ECONNRESET : -EIO);
-      if (wc[i].wr_id != kSkipCompletion && (wc[i].wr_id & kRecvTag)) {
-        c.kind = CompletionKind::kRecvImm;
-        if (wc[i].status != IBV_WC_SUCCESS) {
-          // flushed or failed: no immediate to report
-        } else if (wc[i].opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
-          c.imm = be32toh(wc[i].imm_data);
-          c.length = wc[i].byte_len;
-        } else if (!msg_words_.empty()) {  // iWARP message word, sender's host order
-          c.imm = msg_words_[(wc[i].wr_id & ~kRecvTag) % msg_words_.size()];
-        }
-      } else {
-        c.kind = CompletionKind::kWriteDone;
-        c.token = wc[i].wr_id;
-      }
-    }
+    size_t taken = 0;
+    // What arm_wait found after re-arming comes first, in order.
+    while (taken < stash_.size() && produced < max) produced += to_completion(stash_[taken++], &out[produced]);
+    stash_.erase(stash_.begin(), stash_.begin() + static_cast<std::ptrdiff_t>(taken));
+    if (produced == max) return produced;
+    ibv_wc wc[32];
+    const int n = ibv_poll_cq(cq_, std::min(max - produced, 32), wc);
+    if (n < 0) return produced > 0 ? produced : -EIO;
+    for (int i = 0; i < n; ++i) produced += to_completion(wc[i], &out[produced]);
     return produced;
   }
 
@@ -249,10 +243,39 @@ class VerbsEndpoint final : public Endpoint {
     copy_addr(rdma_get_peer_addr(id_), out, len);
     return 0;
   }
-  int wait_fd() const override { return channel_ ? channel_->fd : -1; }
+  // One epoll fd over the CQ's completion channel and the rdma_cm event
+  // channel: readable when a completion was notified or a CM event waits.
+  int wait_fd() const override { return epfd_; }
+  gs_status_t arm_wait() override;
+  // ibv_poll_cq is the only look at the CQ, and it takes the provider's lock.
+  bool maybe_ready() const override { return true; }
 
  private:
+  int init_wait();
   int create_qp();
+  // One work completion as a Completion: 1, or 0 for the payload half of an
+  // iWARP message (its send completes the token).
+  int to_completion(const ibv_wc &wc, Completion *out) const {
+    if (wc.wr_id == kSkipCompletion && wc.status == IBV_WC_SUCCESS) return 0;
+    Completion &c = *out;
+    c = Completion{};
+    c.status = wc.status == IBV_WC_SUCCESS ? 0 : (wc.status == IBV_WC_WR_FLUSH_ERR ? -ECONNRESET : -EIO);
+    if (wc.wr_id != kSkipCompletion && (wc.wr_id & kRecvTag)) {
+      c.kind = CompletionKind::kRecvImm;
+      if (wc.status != IBV_WC_SUCCESS) {
+        // flushed or failed: no immediate to report
+      } else if (wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
+        c.imm = be32toh(wc.imm_data);
+        c.length = wc.byte_len;
+      } else if (!msg_words_.empty()) {  // iWARP message word, sender's host order
+        c.imm = msg_words_[(wc.wr_id & ~kRecvTag) % msg_words_.size()];
+      }
+    } else {
+      c.kind = CompletionKind::kWriteDone;
+      c.token = wc.wr_id;
+    }
+    return 1;
+  }
   void destroy() {
     if (id_ && connected_) rdma_disconnect(id_);
     if (qp_) rdma_destroy_qp(id_);
@@ -265,12 +288,19 @@ class VerbsEndpoint final : public Endpoint {
     id_ = nullptr;
     if (channel_) rdma_destroy_event_channel(channel_);
     channel_ = nullptr;
+    if (comp_channel_) ibv_destroy_comp_channel(comp_channel_);  // after its CQ
+    comp_channel_ = nullptr;
+    if (epfd_ >= 0) close(epfd_);
+    epfd_ = -1;
   }
 
   VerbsDomain *domain_;
   EndpointAttr attr_;
   bool iwarp_;
   rdma_event_channel *channel_ = nullptr;
+  ibv_comp_channel *comp_channel_ = nullptr;  // the CQ's notifications
+  int epfd_ = -1;                              // wait_fd: both channels
+  std::vector<ibv_wc> stash_;                  // completions arm_wait polled
   rdma_cm_id *id_ = nullptr;
   ibv_cq *cq_ = nullptr;
   ibv_qp *qp_ = nullptr;
@@ -320,6 +350,8 @@ class VerbsListener final : public Listener {
     return 0;
   }
   int wait_fd() const override { return channel_->fd; }
+  gs_status_t arm_wait() override { return fd_readable(channel_->fd) ? -EAGAIN : 0; }
+  bool maybe_ready() const override { return true; }  // only a system call can look
 
  private:
   rdma_event_channel *channel_ = nullptr;
@@ -416,18 +448,32 @@ class VerbsDomain final : public Domain {
   TransportCaps caps_ = kVerbsCaps;
 };
 
-int VerbsEndpoint::init_active() {
+int VerbsEndpoint::init_wait() {
   channel_ = rdma_create_event_channel();
   if (!channel_) return -errno;
   if (int rc = set_nonblocking(channel_->fd); rc < 0) return rc;
+  comp_channel_ = ibv_create_comp_channel(domain_->context());
+  if (!comp_channel_) return errno ? -errno : -ENOMEM;
+  if (int rc = set_nonblocking(comp_channel_->fd); rc < 0) return rc;
+  epfd_ = epoll_create1(EPOLL_CLOEXEC);
+  if (epfd_ < 0) return -errno;
+  for (int fd : {channel_->fd, comp_channel_->fd}) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = fd;
+    if (epoll_ctl(epfd_, EPOLL_CTL_ADD, fd, &ev) != 0) return -errno;
+  }
+  return 0;
+}
+
+int VerbsEndpoint::init_active() {
+  if (int rc = init_wait(); rc < 0) return rc;
   if (rdma_create_id(channel_, &id_, this, RDMA_PS_TCP)) return -errno;
   return 0;
 }
 
 int VerbsEndpoint::init_passive(VerbsRequest *request) {
-  channel_ = rdma_create_event_channel();
-  if (!channel_) return -errno;
-  if (int rc = set_nonblocking(channel_->fd); rc < 0) return rc;
+  if (int rc = init_wait(); rc < 0) return rc;
   id_ = request->take_id();
   if (rdma_migrate_id(id_, channel_)) return -errno;  // events of this connection come here
   return create_qp();  // §1.5 step 4: QP and receives exist before the reply
@@ -439,7 +485,7 @@ int VerbsEndpoint::create_qp() {
   const int max_wr = dev.max_qp_wr > 0 ? dev.max_qp_wr : 1024;
   const int send_depth = std::min<int>(static_cast<int>(attr_.send_depth), max_wr);
   const int recv_depth = std::min<int>(static_cast<int>(attr_.recv_depth), max_wr);
-  cq_ = ibv_create_cq(id_->verbs, send_depth + recv_depth, nullptr, nullptr, 0);
+  cq_ = ibv_create_cq(id_->verbs, send_depth + recv_depth, nullptr, comp_channel_, 0);
   if (!cq_) return -ENOMEM;
   ibv_qp_init_attr qa{};
   qa.send_cq = qa.recv_cq = cq_;
@@ -472,6 +518,30 @@ int VerbsEndpoint::accept(VerbsRequest *request, const void *private_data, uint3
   param.private_data_len = static_cast<uint8_t>(private_len);
   if (rdma_accept(id_, &param)) return -errno;
   return 0;
+}
+
+// The verbs way to sleep: take the notifications already delivered, re-arm
+// the CQ, then poll it once more, since a completion that came before the
+// re-arm notifies nobody (kept in stash_ for poll). CM events: the channel is
+// readable while one waits.
+gs_status_t VerbsEndpoint::arm_wait() {
+  if (!stash_.empty()) return -EAGAIN;
+  if (cq_) {
+    ibv_cq *event_cq = nullptr;
+    void *context = nullptr;
+    unsigned events = 0;
+    while (ibv_get_cq_event(comp_channel_, &event_cq, &context) == 0) ++events;
+    if (events > 0) ibv_ack_cq_events(cq_, events);
+    if (ibv_req_notify_cq(cq_, 0) != 0) return -EIO;
+    ibv_wc wc[32];
+    const int n = ibv_poll_cq(cq_, 32, wc);
+    if (n < 0) return -EIO;
+    if (n > 0) {
+      stash_.insert(stash_.end(), wc, wc + n);
+      return -EAGAIN;
+    }
+  }
+  return fd_readable(channel_->fd) ? -EAGAIN : 0;
 }
 
 int VerbsEndpoint::poll_cm(CmEvent *out) {

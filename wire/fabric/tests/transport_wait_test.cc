@@ -284,7 +284,9 @@ TEST_P(WaitTest, WaitFdsAreStable) {
 TEST_P(WaitTest, IdleFdsStayQuiet) {
   ASSERT_TRUE(settle(listener_.get()));
   EXPECT_FALSE(readable(listener_->wait_fd(), kQuietMs));
-  EXPECT_FALSE(listener_->maybe_ready());
+  if (!is_verbs()) {  // verbs has no look without a system call
+    EXPECT_FALSE(listener_->maybe_ready());
+  }
 
   auto idle = new_endpoint();
   ASSERT_TRUE(idle);
@@ -319,23 +321,22 @@ TEST_P(WaitTest, EventsWakeAndKeepArmFromSleeping) {
   ASSERT_TRUE(client);
   Seen client_seen, server_seen;
   ASSERT_EQ(connect(client.get()), 0);
+  // The client sleeps through its side of the handshake (verbs resolves the
+  // address and the route in poll_cm before its request leaves).
+  std::thread client_side([&] {
+    EXPECT_TRUE(sleep_until(client.get(), &client_seen, [&] { return client_seen.has_event(CmEventKind::kEstablished); }));
+  });
   ASSERT_NO_FATAL_FAILURE(expect_pending(listener_.get(), "connection request"));
   std::unique_ptr<ConnectionRequest> request;
-  Deadline deadline(20);
-  while (listener_->get_request(&request) != 1) {  // shm: the client has to make progress too
-    ASSERT_FALSE(deadline.passed());
-    progress(client.get(), &client_seen);
-  }
-
-  ASSERT_TRUE(settle(client.get(), &client_seen));
-  auto server = accept(request.get());
-  ASSERT_TRUE(server);
-  ASSERT_NO_FATAL_FAILURE(expect_pending(client.get(), "accepted"));
-  std::thread server_side([&] {
+  const bool requested = sleep_for_request(listener_.get(), &request);
+  std::unique_ptr<Endpoint> server = requested ? accept(request.get()) : nullptr;
+  if (server) {
     EXPECT_TRUE(sleep_until(server.get(), &server_seen, [&] { return server_seen.has_event(CmEventKind::kEstablished); }));
-  });
-  EXPECT_TRUE(sleep_until(client.get(), &client_seen, [&] { return client_seen.has_event(CmEventKind::kEstablished); }));
-  server_side.join();
+  } else {
+    client->disconnect();  // ends the client's wait
+  }
+  client_side.join();
+  ASSERT_TRUE(requested && server);
 
   // A write: pending at the receiver, and (its local completion) at the sender.
   ASSERT_TRUE(settle(server.get(), &server_seen));
@@ -494,16 +495,19 @@ TEST_P(WaitTest, TwoSleepersOnOneFdBothWake) {
     auto client = new_endpoint();
     ASSERT_TRUE(client);
     ASSERT_EQ(connect(client.get()), 0);
+    Seen seen;
+    std::thread client_side([&] { EXPECT_TRUE(sleep_until(client.get(), &seen, [&] { return seen.closed(); })); });
     for (auto &t : threads) t.join();
     EXPECT_EQ(woke.load(), 2) << "listener";
-    // Take that request (and refuse it) before the next connection.
+    // Take that request and refuse it: the client gives up.
     std::unique_ptr<ConnectionRequest> request;
-    Seen seen;
-    Deadline deadline(20);
-    while (listener_->get_request(&request) != 1) {
-      ASSERT_FALSE(deadline.passed());
-      progress(client.get(), &seen);
+    if (sleep_for_request(listener_.get(), &request)) {
+      request->reject();
+    } else {
+      ADD_FAILURE() << "no request";
+      client->disconnect();
     }
+    client_side.join();
   }
   Pair pair;
   ASSERT_NO_FATAL_FAILURE(connect_pair(&pair));
