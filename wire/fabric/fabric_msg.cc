@@ -53,6 +53,7 @@
 
 #include <netinet/in.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -111,9 +112,19 @@ gs_status_t MsgDomain::open(std::string *error) {
   }
   stop_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (stop_fd_ < 0) return -errno;
+  // The thread lives in other people's programs (the preload shim): it takes
+  // none of their signals.
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  bool started = true;
   try {
     cm_thread_ = std::thread([this] { run_cm(); });
   } catch (...) {
+    started = false;
+  }
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  if (!started) {
     if (error != nullptr) *error = "gpusock: fabric:tcp: cannot start the connection-management thread";
     return -EAGAIN;
   }

@@ -66,10 +66,12 @@ gs_status_t RdmListener::arm_wait() {
   if (!bell.valid() || bell.drain()) return -EAGAIN;
   bell.arm();  // then look again: see shm_bell.h
   bool again = bell.signalled() || bell.requests_pending() || bell.has_requesters();
-  if (!again && !core_->pending.empty()) {
+  if (!again && core_->send_blocked && !core_->pending.empty()) {
     // An ACK or REJECT the client has not made room for: it rings us back.
     const int rc = core_->pending.front().bell().request_ringback(core_->shared->name);
-    if (rc == -ECONNREFUSED) {
+    if (rc == 0) {
+      core_->send_blocked = false;
+    } else if (rc == -ECONNREFUSED) {
       remove_peer(core_->shared->av, &core_->pending.front().owned);  // that client is gone
       core_->pending.pop_front();
       core_->pending_count.store(core_->pending.size(), std::memory_order_relaxed);
@@ -98,6 +100,7 @@ void RdmListenerCore::send_locked(PendingCtrl &&entry) {
       remove_peer(shared->av, &entry.owned);
       return;
     }
+    send_blocked = true;
   }
   pending.push_back(std::move(entry));  // keeps the order of messages
   pending_count.store(pending.size(), std::memory_order_relaxed);
@@ -135,7 +138,10 @@ void RdmListenerCore::flush_pending_locked() {
     PendingCtrl &entry = pending.front();
     ssize_t ret = fi_inject(shared->ep, &entry.msg, sizeof(entry.msg), entry.addr);
     entry.bell().wake_if_armed();
-    if (ret == -FI_EAGAIN) break;
+    if (ret == -FI_EAGAIN) {
+      send_blocked = true;
+      break;
+    }
     remove_peer(shared->av, &entry.owned);
     pending.pop_front();
   }
