@@ -1,137 +1,14 @@
 // fabric:shm connection endpoints: gpusock's handshake (client and server
-// side), data, dead peers, and waiting on the endpoint's bell (fabric_rdm.cc
-// describes the flavour, shm_bell.h the waking).
-#include "wire/fabric/fabric_rdm.h"
+// side), data and teardown (fabric_rdm_endpoint.h).
+#include "wire/fabric/fabric_rdm_endpoint.h"
 
 #include <arpa/inet.h>
-#include <fcntl.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
 
 namespace gpusock::wire::fabric::rdm {
-namespace {
-
-using shm::PeerWatch;
-using shm::PidWatch;
-using shm::ProviderCall;
-
-class RdmEndpoint final : public FabricEndpointBase {
- public:
-  explicit RdmEndpoint(RdmDomain *domain) : domain_(domain) {}
-  ~RdmEndpoint() override;
-
-  gs_status_t init();
-  gs_status_t init_from_request(RdmConnectionRequest *request);
-  gs_status_t start_accept(RdmConnectionRequest *request, const void *private_data, uint32_t private_len);
-
-  gs_status_t connect(const sockaddr *addr, socklen_t len, const void *private_data,
-                      uint32_t private_len) override;
-  gs_status_t post_write(const WriteRequest &request) override;
-  gs_status_t post_recv(uint32_t) override { return 0; }  // shm: remote CQ data needs no receive
-  int poll(Completion *out, int max) override;
-  int poll_cm(CmEvent *out) override;
-  void disconnect() override;
-  gs_status_t local_address(sockaddr_storage *out, socklen_t *len) const override {
-    return output_sockaddr(local_, out, len);
-  }
-  gs_status_t peer_address(sockaddr_storage *out, socklen_t *len) const override {
-    return output_sockaddr(peer_sockaddr_, out, len);
-  }
-  int wait_fd() const override { return shared_->bell.fd(); }
-  gs_status_t arm_wait() override;
-  bool maybe_ready() const override;
-
- private:
-  gs_status_t post_ctrl_buf(int index) {
-    return fi_status(
-        fi_recv(shared_->ep, &ctrl_bufs_[index], sizeof(CtrlMsg), nullptr, FI_ADDR_UNSPEC, &ctrl_bufs_[index]));
-  }
-  void queue_event(CmEventKind kind, int status, const uint8_t *data = nullptr, uint32_t len = 0) {
-    CmEvent event;
-    event.kind = kind;
-    event.status = status;
-    if (data != nullptr && len != 0) {
-      event.peer_private_len = len;
-      std::memcpy(event.peer_private_data, data, len);
-    }
-    events_.push_back(event);
-  }
-  // Send (or keep pending) one control message.
-  void send_ctrl(const PeerRef &dest, const CtrlMsg &msg);
-  void flush_ctrl();
-  void on_ctrl_sent(uint16_t type);
-  void handle_ctrl(const CtrlMsg &msg, size_t len);
-  // Reads the CQ: immediates into out (at most max), writes marked in the ring,
-  // control messages handled; then wakes the peer if it sleeps (it may wait
-  // for what this pass did). Returns entries read, or < 0.
-  int process_cq(Completion *out, int max, int *produced);
-  // Around a progress pass: ring-back requests collected before, served after.
-  void before_pass() {
-    if (shared_->bell.requests_pending()) [[unlikely]] shared_->bell.collect_requests();
-  }
-  void after_pass() {
-    if (shared_->bell.has_requesters()) [[unlikely]] shared_->bell.serve_requests(domain_->ringer());
-  }
-  // Watch a cross-process peer (or the listener while connecting): the
-  // watchdog releases the locks of its region and ours when it dies.
-  void watch_peer(pid_t pid, const std::string &peer_region);
-  void unwatch();
-  bool peer_dead() const {
-    if (peer_died_) return true;
-    if (watch_) return watch_->dead.load(std::memory_order_acquire);
-    return fallback_watch_.dead();
-  }
-  // A verdict check_liveness would turn into an event, seen without a system
-  // call (fallback_watch_ has none: it always says maybe).
-  bool verdict_waiting() const;
-  // Something to report without asking the provider.
-  bool work_waiting() const {
-    return !events_.empty() || !stash_.empty() || cq_dirty_ || ring_.head_done() || liveness_now_;
-  }
-  // Guards every provider call on this connection (see "Torn enqueues").
-  ProviderCall provider_call() const { return ProviderCall(peer_died_, watch_); }
-  void check_liveness();
-  void peer_gone(bool dead_process);
-  void fail_connect(int status);
-
-  RdmDomain *domain_;
-  std::shared_ptr<RdmShared> shared_;
-  CtrlMsg ctrl_bufs_[kConnCtrlBufs];
-  std::deque<CmEvent> events_;
-  std::vector<Completion> stash_;   // data completions read by poll_cm
-  bool ctrl_pending_ = false;
-  CtrlMsg pending_msg_;
-  const PeerRef *pending_dest_ = nullptr;  // &listener_ or &peer_
-  PeerRef peer_;
-  PeerRef listener_;
-  std::string listener_rendezvous_;
-  std::string listener_name_;
-  std::shared_ptr<PeerWatch> watch_;
-  PidWatch fallback_watch_;  // when the watchdog is unavailable
-  std::string peer_name_;
-  pid_t peer_pid_ = 0;
-  // Passive side, until established: the listener the request came through,
-  // which can still refuse the client should our ACCEPT never leave.
-  std::shared_ptr<RdmListenerCore> origin_;
-  uint64_t nonce_ = 0;
-  bool req_acked_ = false;  // the listener handed our REQ to its application
-  uint8_t peer_record_[64] = {};
-  uint32_t peer_record_len_ = 0;
-  sockaddr_storage local_{};
-  sockaddr_storage peer_sockaddr_{};
-  uint32_t idle_polls_ = 0;
-  uint64_t last_liveness_ms_ = 0;
-  bool peer_died_ = false;  // its process is gone: no provider call on this connection again
-  // Waiting (shm_bell.h).
-  bool cq_dirty_ = false;          // the CQ may hold entries: our last read was not empty, or we posted since
-  bool tx_blocked_ = false;        // a write met -FI_EAGAIN and none went since
-  bool send_blocked_ = false;      // a send met -FI_EAGAIN since we last asked its peer to ring back
-  bool liveness_now_ = false;      // check_liveness at once
-  bool peer_unreachable_ = false;  // a ring-back request found the peer's bell gone: its endpoint is
-};
 
 gs_status_t RdmEndpoint::init() {
   gs_status_t ret = init_base(*domain_);
@@ -200,20 +77,6 @@ RdmEndpoint::~RdmEndpoint() {
   }
   unwatch();
   retire_shared(shared_, domain_->ringer());
-}
-
-void RdmEndpoint::watch_peer(pid_t pid, const std::string &peer_region) {
-  unwatch();
-  if (pid <= 0 || pid == getpid()) return;  // in-process peers cannot die under us
-  const std::string wake = shared_->bell.valid() ? shm::bell_path(shared_->name) : std::string();
-  watch_ = domain_->watchdog().watch_pid(pid, {peer_region, shared_->name}, wake);
-  if (!watch_) fallback_watch_.watch(pid);
-}
-
-void RdmEndpoint::unwatch() {
-  if (watch_) domain_->watchdog().unwatch(watch_);
-  watch_.reset();
-  fallback_watch_.reset();
 }
 
 void RdmEndpoint::fail_connect(int status) {
@@ -388,67 +251,6 @@ int RdmEndpoint::process_cq(Completion *out, int max, int *produced) {
   return got;
 }
 
-void RdmEndpoint::peer_gone(bool dead_process) {
-  const bool established = state_ == State::kEstablished;
-  queue_event(established ? CmEventKind::kDisconnected : CmEventKind::kError, -ECONNRESET);
-  state_ = State::kClosed;
-  ctrl_pending_ = false;
-  ring_.fail_all(-ECONNRESET);
-  // A dead process's watch stays until we are destroyed: the watchdog may
-  // still have our region's lock to settle (see "Torn enqueues").
-  if (dead_process) peer_died_ = true;
-  else unwatch();
-  // shm cannot unlink the region of a killed process; we know its name.
-  if (dead_process && !peer_name_.empty()) shm::unlink_endpoint_files(peer_name_);
-}
-
-bool RdmEndpoint::verdict_waiting() const {
-  if (state_ == State::kIdle || state_ == State::kClosed) return false;
-  if (watch_ && watch_->dead.load(std::memory_order_acquire)) return true;
-  if (fallback_watch_.active()) return true;
-  if (peer_.pin && !peer_.pin->alive.load(std::memory_order_acquire)) return true;
-  // A listener that closed before it took our REQ (check_liveness reads the
-  // rendezvous to be sure).
-  return state_ == State::kConnecting && !req_acked_ && listener_.bell.closed();
-}
-
-void RdmEndpoint::check_liveness() {
-  // The cheap verdicts are loads; the rest costs system calls.
-  const bool urgent = liveness_now_ || verdict_waiting();
-  const uint64_t now = coarse_ms();
-  if (!urgent && now - last_liveness_ms_ < kLivenessIntervalMs) return;
-  last_liveness_ms_ = now;
-  liveness_now_ = false;
-  const bool unreachable = peer_unreachable_;
-  peer_unreachable_ = false;
-  if (state_ == State::kConnecting) {
-    if (peer_dead() || unreachable) {
-      fail_connect(-ECONNREFUSED);
-      return;
-    }
-    if (!req_acked_) {
-      // REQ not yet with the application: is that listener still there?
-      shm::Rendezvous rv{};
-      if (!shm::read_rendezvous(listener_rendezvous_, &rv) || listener_name_ != rv.name) fail_connect(-ECONNREFUSED);
-    }
-    return;
-  }
-  if (state_ != State::kEstablished && state_ != State::kAccepting) return;
-  if (peer_dead()) {
-    peer_gone(true);
-  } else if (unreachable || (peer_.pin && !peer_.pin->alive.load(std::memory_order_acquire))) {
-    peer_gone(false);  // its endpoint was destroyed without a BYE reaching us
-  } else if (state_ == State::kAccepting && ctrl_pending_ && !peer_.pin) {
-    // ACCEPT still waiting for the client: is its endpoint still there?
-    int fd = shm_open(peer_name_.c_str(), O_RDONLY, 0);
-    if (fd >= 0) {
-      close(fd);
-    } else if (errno == ENOENT) {
-      peer_gone(false);
-    }
-  }
-}
-
 int RdmEndpoint::poll(Completion *out, int max) {
   if (max <= 0) return 0;
   int n = 0;
@@ -518,42 +320,6 @@ gs_status_t RdmEndpoint::post_write(const WriteRequest &request) {
   }
   return ret;
 }
-
-// --- waiting -------------------------------------------------------------------
-
-gs_status_t RdmEndpoint::arm_wait() {
-  shm::Bell &bell = shared_->bell;
-  if (!bell.valid() || work_waiting()) return -EAGAIN;
-  if (bell.drain()) return -EAGAIN;  // a wake-up: what it announced is for poll to find
-  // The peer that would wake us: one without a bell (an older gpusock) never
-  // rings, so we do not sleep on it.
-  const PeerRef &waker = state_ == State::kConnecting ? listener_ : peer_;
-  if (waker.valid() && !waker.bell.valid() && state_ != State::kClosed) return -EAGAIN;
-  bell.arm();  // then look again: see shm_bell.h
-  bool again = bell.signalled() || bell.requests_pending() || bell.has_requesters() || verdict_waiting();
-  if (!again && send_blocked_) {
-    const PeerRef &dest = ctrl_pending_ ? *pending_dest_ : peer_;
-    const int rc = dest.bell.request_ringback(shared_->name);
-    if (rc == 0) {
-      send_blocked_ = false;
-    } else if (rc == -ECONNREFUSED) {
-      peer_unreachable_ = liveness_now_ = true;
-      send_blocked_ = false;
-    }
-    again = rc != 0;
-  }
-  if (again) bell.disarm();
-  return again ? -EAGAIN : 0;
-}
-
-bool RdmEndpoint::maybe_ready() const {
-  const shm::Bell &bell = shared_->bell;
-  if (!bell.valid()) return true;
-  return bell.signalled() || work_waiting() || ctrl_pending_ || tx_blocked_ || bell.requests_pending() ||
-         bell.has_requesters() || verdict_waiting();
-}
-
-}  // namespace
 
 gs_status_t RdmDomain::create_endpoint(ConnectionRequest *request, std::unique_ptr<Endpoint> *out) {
   return create_endpoint_as<RdmEndpoint, RdmConnectionRequest>(this, request, out);
