@@ -84,8 +84,12 @@ class RdmEndpoint final : public FabricEndpointBase {
     return fallback_watch_.dead();
   }
   // A verdict check_liveness would turn into an event, seen without a system
-  // call (fallback_watch_ has none: it always says maybe).
+  // call.
   bool verdict_waiting() const;
+  // The same, or no way to tell without one (fallback_watch_ polls).
+  bool verdict_may_wait() const {
+    return verdict_waiting() || (fallback_watch_.active() && state_ != State::kIdle && state_ != State::kClosed);
+  }
   // Something to report without asking the provider.
   bool work_waiting() const {
     return !events_.empty() || !stash_.empty() || cq_dirty_ || ring_.head_done() || liveness_now_;

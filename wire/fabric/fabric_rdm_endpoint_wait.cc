@@ -39,7 +39,6 @@ void RdmEndpoint::peer_gone(bool dead_process) {
 bool RdmEndpoint::verdict_waiting() const {
   if (state_ == State::kIdle || state_ == State::kClosed) return false;
   if (watch_ && watch_->dead.load(std::memory_order_acquire)) return true;
-  if (fallback_watch_.active()) return true;
   if (peer_.pin && !peer_.pin->alive.load(std::memory_order_acquire)) return true;
   // A listener that closed before it took our REQ (check_liveness reads the
   // rendezvous to be sure).
@@ -92,7 +91,7 @@ gs_status_t RdmEndpoint::arm_wait() {
   const PeerRef &waker = state_ == State::kConnecting ? listener_ : peer_;
   if (waker.valid() && !waker.bell.valid() && state_ != State::kClosed) return -EAGAIN;
   bell.arm();  // then look again: see shm_bell.h
-  bool again = signalled() || bell.requests_pending() || bell.has_requesters() || verdict_waiting();
+  bool again = signalled() || bell.requests_pending() || bell.has_requesters() || verdict_may_wait();
   if (!again && send_blocked_ && still_blocked()) {
     const PeerRef &dest = ctrl_pending_ ? *pending_dest_ : peer_;
     const int rc = dest.bell.request_ringback(shared_->name);
@@ -112,7 +111,7 @@ bool RdmEndpoint::maybe_ready() const {
   const shm::Bell &bell = shared_->bell;
   if (!bell.valid()) return true;
   return signalled() || work_waiting() || still_blocked() || bell.requests_pending() || bell.has_requesters() ||
-         verdict_waiting();
+         verdict_may_wait();
 }
 
 }  // namespace gpusock::wire::fabric::rdm

@@ -89,9 +89,6 @@ bool Bell::open(const std::string &name) {
   close(fd);
   if (page_ == nullptr) return false;
   signal_ = &static_cast<const ShmRegionHead *>(head_map_)->signal;
-  page_->version = kBellVersion;
-  __atomic_store_n(&page_->magic, kBellMagic, __ATOMIC_RELEASE);
-
   path_ = bell_path(name);
   sockaddr_un addr;
   socklen_t addr_len = 0;
@@ -103,6 +100,9 @@ bool Bell::open(const std::string &name) {
     return false;
   }
   sock_ = sock;
+  // Last: a peer that finds the magic may ring, and ask for ring-backs.
+  page_->version = kBellVersion;
+  __atomic_store_n(&page_->magic, kBellMagic, __ATOMIC_RELEASE);
   return true;
 }
 
