@@ -71,6 +71,8 @@ class TxRing {
   gs_status_t init(size_t capacity);
   bool full() const { return tail_ - head_ > mask_; }
   bool empty() const { return tail_ == head_; }
+  // drain() would hand out a completion now.
+  bool head_done() const { return head_ != tail_ && slots_[head_ & mask_].done; }
   Slot *push(uint64_t token) {
     Slot &slot = slots_[tail_++ & mask_];
     slot.token = token;
@@ -139,9 +141,9 @@ class FabricDomainBase : public Domain {
   bool length_in_cq_data() const { return length_in_cq_data_; }
   bool rx_cq_data() const { return rx_cq_data_; }
   uint32_t inject_size() const { return inject_size_; }
-  // A CQ for one endpoint: data format, room for both of its queues, no wait
-  // object.
-  gs_status_t open_endpoint_cq(fid_cq **out) const;
+  // A CQ for one endpoint: data format, room for both of its queues, and
+  // `wait_obj` (FI_WAIT_FD: an fd to sleep on; FI_WAIT_NONE).
+  gs_status_t open_endpoint_cq(fid_cq **out, fi_wait_obj wait_obj) const;
 
  protected:
   explicit FabricDomainBase(const ProviderAttr &attr) : attr_(attr) {}

@@ -23,6 +23,7 @@ namespace {
 constexpr char kShmDir[] = "/dev/shm";  // where glibc's shm_open puts its objects
 constexpr char kEndpointPrefix[] = "gpusock-ep-";
 constexpr char kRendezvousPrefix[] = "gpusock-";
+constexpr char kBellSuffix[] = ".bell";
 // A rendezvous file with no content yet may be a listener between creating and
 // locking it; only this old is it left over.
 constexpr time_t kUnfinishedRendezvousS = 10;
@@ -228,6 +229,15 @@ bool endpoint_owner_alive(std::string_view name) {
   return !parse_endpoint_name(name, &owner) || process_alive(owner);
 }
 
+std::string bell_path(const std::string &endpoint_name) {
+  return shm_path(kShmDir, endpoint_name + kBellSuffix);
+}
+
+void unlink_endpoint_files(const std::string &name) {
+  shm_unlink(name.c_str());
+  unlink(bell_path(name).c_str());
+}
+
 std::string rendezvous_name(const std::string &ip, uint16_t port) {
   return kRendezvousPrefix + ip + "-" + std::to_string(port);
 }
@@ -265,7 +275,7 @@ int claim_rendezvous(const std::string &name, int *fd_out, std::string *detail) 
       Rendezvous old{};
       if (read_content(fd, &old) && !content_owner_alive(old) &&
           std::strncmp(old.name, kEndpointPrefix, sizeof(kEndpointPrefix) - 1) == 0) {
-        shm_unlink(old.name);
+        unlink_endpoint_files(old.name);
       }
       // Empty until the listener writes itself in: whoever looks meanwhile sees
       // a locked file with no listener yet ("being claimed").
@@ -324,6 +334,13 @@ int sweep_stale_files() {
     if (parse_endpoint_name(name, &owner)) {
       // A region: stale once its owner is dead (a dead process cannot come back).
       if (!is_alive(owner) && shm_unlink(name.c_str()) == 0) ++removed;
+      continue;
+    }
+    const size_t suffix_len = sizeof(kBellSuffix) - 1;
+    if (name.size() > suffix_len && name.compare(name.size() - suffix_len, suffix_len, kBellSuffix) == 0 &&
+        parse_endpoint_name(std::string_view(name).substr(0, name.size() - suffix_len), &owner)) {
+      // A bell: the same.
+      if (!is_alive(owner) && unlink(shm_path(kShmDir, name).c_str()) == 0) ++removed;
       continue;
     }
     if (name.rfind(kEndpointPrefix, 0) == 0) continue;  // not a name we make

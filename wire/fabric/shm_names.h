@@ -20,14 +20,17 @@
 // it created). Names of the older form gpusock-ep-<pid>-<seq> are still
 // understood (owner alive unless the pid is gone).
 //
+// Bells. Every endpoint's bell socket (shm_bell.h) is /dev/shm/<endpoint
+// name>.bell, owned like the region; a killed process leaves it behind too.
+//
 // Rendezvous files. gpusock-<ip>-<port> names a listener; its owner holds an
 // OFD write lock on it and its content names the listener's endpoint (so also
 // the owning process). The file is stale when nobody holds the lock, or when
 // the process named in it is dead (its lock can outlive it in a child that was
 // forked without exec and inherited the descriptor).
 //
-// Sweeping. Opening a shm domain removes, once per process, the region files
-// whose owner is dead and the rendezvous files that are stale; listen() takes
+// Sweeping. Opening a shm domain removes, once per process, the region and
+// bell files whose owner is dead and the rendezvous files that are stale; listen() takes
 // over a stale rendezvous; a client treats one as "nobody listens".
 //
 // Liveness is judged through this process's /proc, so processes that share a
@@ -71,6 +74,13 @@ bool parse_endpoint_name(std::string_view name, ProcessId *owner);
 // Is the owner of endpoint region `name` alive? (Not a valid name: true.)
 bool endpoint_owner_alive(std::string_view name);
 
+// The bell socket of endpoint `name`: /dev/shm/<name>.bell.
+std::string bell_path(const std::string &endpoint_name);
+
+// Removes what endpoint `name` has in /dev/shm (its region and its bell):
+// for an owner that died, since only a live owner removes its own.
+void unlink_endpoint_files(const std::string &name);
+
 constexpr size_t kNameMax = 64;
 constexpr uint32_t kRendezvousMagic = 0x47535256;  // "GSRV"
 constexpr uint32_t kRendezvousVersion = 1;
@@ -96,8 +106,8 @@ bool read_rendezvous(const std::string &name, Rendezvous *out);
 // unlinked.
 int claim_rendezvous(const std::string &name, int *fd, std::string *detail);
 
-// Removes gpusock's stale files from /dev/shm: regions of dead owners, stale
-// rendezvous files. Returns how many it removed.
+// Removes gpusock's stale files from /dev/shm: regions and bells of dead
+// owners, stale rendezvous files. Returns how many it removed.
 int sweep_stale_files();
 
 // The sweep above, at most once per process (a forked child sweeps again).

@@ -1,32 +1,18 @@
 // The verbs transport: rdma_cm in the RDMA_PS_TCP port space and RC queue
 // pairs, set up exactly as rdma-core's rsocket does (docs/wire-protocol.md §1), so an
 // unmodified rsocket peer sees nothing unusual. It executes the core's actions
-// and holds no protocol logic.
+// and holds no protocol logic. This file: the listener and the domain; the
+// endpoint is in verbs_endpoint.cc.
 #include "wire/verbs/verbs_transport.h"
 
-#include <arpa/inet.h>
-#include <endian.h>
-#include <fcntl.h>
-#include <infiniband/verbs.h>
-#include <rdma/rdma_cma.h>
-#include <unistd.h>
+#include "wire/verbs/verbs_endpoint.h"
 
 #include <cstdlib>
 #include <cstring>
 #include <string>
-#include <vector>
 
 namespace gpusock::wire::verbs {
 namespace {
-
-constexpr int kResolveTimeoutMs = 2000;
-constexpr uint32_t kDefaultInline = 64;
-constexpr int kPostRecvBatch = 64;
-constexpr uint64_t kSkipCompletion = ~uint64_t(0);
-// Receives carry this tag: a failed completion defines only wr_id and status,
-// not the opcode, so wr_id alone must tell receives from writes (tokens are
-// sequence numbers and never reach bit 62).
-constexpr uint64_t kRecvTag = uint64_t(1) << 62;
 
 const TransportCaps kVerbsCaps = {
     .name = "verbs",
@@ -34,256 +20,6 @@ const TransportCaps kVerbsCaps = {
     .needs_recv_posts = true,
     .write_with_imm = true,
     .max_private_data = 56,  // IB CM REQ user data after rdma_cm's 36-byte header
-};
-
-int set_nonblocking(int fd) {
-  const int flags = fcntl(fd, F_GETFL);
-  return flags < 0 ? -errno : (fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0 ? -errno : 0);
-}
-
-socklen_t sockaddr_len(const sockaddr *sa) {
-  return sa->sa_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
-}
-
-void copy_addr(const sockaddr *sa, sockaddr_storage *out, socklen_t *len) {
-  const socklen_t n = sockaddr_len(sa);
-  std::memcpy(out, sa, n);
-  *len = n;
-}
-
-// rsocket's connection parameters (§1.4 step 4, §9.2).
-rdma_conn_param rsocket_conn_param(const void *private_data, uint32_t private_len, bool iwarp) {
-  rdma_conn_param p{};
-  p.private_data = private_data;
-  p.private_data_len = static_cast<uint8_t>(private_len);
-  p.responder_resources = 0;
-  p.initiator_depth = iwarp ? 1 : 0;  // rsocket's work-around for an iWARP RDMA READ at connect
-  p.flow_control = 1;
-  p.retry_count = 7;
-  p.rnr_retry_count = 7;  // 7 = retry for ever on RNR NAK
-  return p;
-}
-
-int status_of_cm_failure(rdma_cm_event_type type) {
-  switch (type) {
-    case RDMA_CM_EVENT_REJECTED: return -ECONNREFUSED;
-    case RDMA_CM_EVENT_ADDR_ERROR: return -EADDRNOTAVAIL;
-    case RDMA_CM_EVENT_ROUTE_ERROR: return -ENETUNREACH;
-    case RDMA_CM_EVENT_UNREACHABLE: return -EHOSTUNREACH;
-    case RDMA_CM_EVENT_CONNECT_ERROR: return -ECONNREFUSED;
-    default: return -EIO;
-  }
-}
-
-class VerbsDomain;
-
-class VerbsRequest final : public ConnectionRequest {
- public:
-  VerbsRequest(rdma_cm_id *id, const rdma_conn_param &param) : id_(id), param_(param) {
-    len_ = std::min<uint32_t>(param.private_data_len, sizeof data_);
-    if (param.private_data) std::memcpy(data_, param.private_data, len_);
-    param_.private_data = nullptr;
-    param_.private_data_len = 0;
-  }
-  ~VerbsRequest() override {
-    if (id_) {
-      rdma_reject(id_, nullptr, 0);
-      rdma_destroy_id(id_);
-    }
-  }
-  const uint8_t *private_data() const override { return data_; }
-  uint32_t private_len() const override { return len_; }
-  void reject() override {
-    if (!id_) return;
-    rdma_reject(id_, nullptr, 0);  // §1.5: a bad record is rejected with no data
-    rdma_destroy_id(id_);
-    id_ = nullptr;
-  }
-  rdma_cm_id *take_id() {
-    rdma_cm_id *id = id_;
-    id_ = nullptr;
-    return id;
-  }
-  const rdma_conn_param &param() const { return param_; }
-
- private:
-  rdma_cm_id *id_;
-  rdma_conn_param param_;
-  uint8_t data_[256] = {};
-  uint32_t len_ = 0;
-};
-
-class VerbsEndpoint final : public Endpoint {
- public:
-  VerbsEndpoint(VerbsDomain *domain, const EndpointAttr &attr, bool iwarp)
-      : domain_(domain), attr_(attr), iwarp_(iwarp) {}
-  ~VerbsEndpoint() override { destroy(); }
-
-  int init_active();
-  int init_passive(VerbsRequest *request);
-  int accept(VerbsRequest *request, const void *private_data, uint32_t private_len);
-
-  gs_status_t connect(const sockaddr *addr, socklen_t len, const void *private_data,
-                      uint32_t private_len) override {
-    if (!id_ || private_len > sizeof private_) return -EINVAL;
-    std::memcpy(private_, private_data, private_len);
-    private_len_ = private_len;
-    copy_addr(addr, &peer_, &peer_len_);
-    (void)len;
-    if (rdma_resolve_addr(id_, nullptr, const_cast<sockaddr *>(addr), kResolveTimeoutMs)) return -errno;
-    return 0;
-  }
-
-  gs_status_t post_write(const WriteRequest &r) override {
-    if (!qp_) return -ENOTCONN;
-    const bool msg_send = iwarp_ && r.has_imm;
-    ibv_sge sge{}, word{};
-    ibv_send_wr wr{}, msg{}, *bad = nullptr;
-    wr.wr_id = r.token;
-    wr.opcode = r.has_imm && !msg_send ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE;
-    if (r.has_imm && !msg_send) wr.imm_data = htobe32(r.imm);
-    wr.wr.rdma.remote_addr = r.remote_addr;
-    wr.wr.rdma.rkey = r.rkey;
-    if (r.length > 0) {
-      sge.addr = reinterpret_cast<uintptr_t>(r.local);
-      sge.length = r.length;
-      sge.lkey = r.region ? static_cast<ibv_mr *>(r.region->desc)->lkey : 0;
-      wr.sg_list = &sge;
-      wr.num_sge = 1;
-      if (r.inline_data && r.length <= max_inline_) wr.send_flags = IBV_SEND_INLINE;
-    }
-    ibv_send_wr *first = &wr;
-    if (msg_send) {
-      // iWARP: the payload as a plain write (if any), then the 4-byte message
-      // word as an inline send, in host order (§2.9). The send's completion
-      // carries the token; the write's is skipped.
-      wr.wr_id = kSkipCompletion;
-      word.addr = reinterpret_cast<uintptr_t>(&r.imm);
-      word.length = sizeof r.imm;
-      msg.wr_id = r.token;
-      msg.opcode = IBV_WR_SEND;
-      msg.sg_list = &word;
-      msg.num_sge = 1;
-      msg.send_flags = IBV_SEND_INLINE;
-      if (r.length > 0) wr.next = &msg;
-      else first = &msg;
-    }
-    const int rc = ibv_post_send(qp_, first, &bad);
-    return rc == 0 ? 0 : (rc == ENOMEM ? -EAGAIN : -rc);
-  }
-
-  gs_status_t post_recv(uint32_t count) override {
-    if (!qp_) {  // before the QP exists (active side): post once it does
-      deferred_recvs_ += count;
-      return 0;
-    }
-    // §1.6: receives carry no scatter entries; immediates need no buffer. On
-    // iWARP each receive takes the peer's 4-byte message word into a slot of
-    // our own registered array, which receives fill in order.
-    ibv_recv_wr wrs[kPostRecvBatch]{};
-    ibv_sge words[kPostRecvBatch]{};
-    while (count > 0) {
-      const int n = static_cast<int>(std::min<uint32_t>(count, kPostRecvBatch));
-      for (int i = 0; i < n; ++i) {
-        wrs[i].wr_id = kRecvTag;
-        wrs[i].num_sge = 0;
-        if (!msg_words_.empty()) {
-          const uint32_t slot = msg_next_post_++ % msg_words_.size();
-          words[i] = {reinterpret_cast<uintptr_t>(&msg_words_[slot]), sizeof(uint32_t), msg_mr_->lkey};
-          wrs[i].wr_id = kRecvTag | slot;
-          wrs[i].sg_list = &words[i];
-          wrs[i].num_sge = 1;
-        }
-        wrs[i].next = i + 1 < n ? &wrs[i + 1] : nullptr;
-      }
-      ibv_recv_wr *bad = nullptr;
-      const int rc = ibv_post_recv(qp_, wrs, &bad);
-      if (rc) return rc == ENOMEM ? -EAGAIN : -rc;
-      count -= static_cast<uint32_t>(n);
-    }
-    return 0;
-  }
-
-  int poll(Completion *out, int max) override {
-    if (!cq_) return 0;
-    ibv_wc wc[32];
-    const int n = ibv_poll_cq(cq_, std::min(max, 32), wc);
-    if (n < 0) return -EIO;
-    int produced = 0;
-    for (int i = 0; i < n; ++i) {
-      if (wc[i].wr_id == kSkipCompletion && wc[i].status == IBV_WC_SUCCESS) continue;  // the payload half of an iWARP message; its send completes the token
-      Completion &c = out[produced++];
-      c = Completion{};
-      c.status = wc[i].status == IBV_WC_SUCCESS ? 0 : (wc[i].status == IBV_WC_WR_FLUSH_ERR ? -ECONNRESET : -EIO);
-      if (wc[i].wr_id != kSkipCompletion && (wc[i].wr_id & kRecvTag)) {
-        c.kind = CompletionKind::kRecvImm;
-        if (wc[i].status != IBV_WC_SUCCESS) {
-          // flushed or failed: no immediate to report
-        } else if (wc[i].opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
-          c.imm = be32toh(wc[i].imm_data);
-          c.length = wc[i].byte_len;
-        } else if (!msg_words_.empty()) {  // iWARP message word, sender's host order
-          c.imm = msg_words_[(wc[i].wr_id & ~kRecvTag) % msg_words_.size()];
-        }
-      } else {
-        c.kind = CompletionKind::kWriteDone;
-        c.token = wc[i].wr_id;
-      }
-    }
-    return produced;
-  }
-
-  int poll_cm(CmEvent *out) override;
-  void disconnect() override {
-    if (id_ && connected_) rdma_disconnect(id_);  // DREQ; the QP goes to error
-    connected_ = false;
-  }
-  uint32_t max_inline() const override { return max_inline_; }
-  gs_status_t local_address(sockaddr_storage *out, socklen_t *len) const override {
-    if (!id_) return -ENOTCONN;
-    copy_addr(rdma_get_local_addr(id_), out, len);
-    return 0;
-  }
-  gs_status_t peer_address(sockaddr_storage *out, socklen_t *len) const override {
-    if (!id_) return -ENOTCONN;
-    copy_addr(rdma_get_peer_addr(id_), out, len);
-    return 0;
-  }
-  int wait_fd() const override { return channel_ ? channel_->fd : -1; }
-
- private:
-  int create_qp();
-  void destroy() {
-    if (id_ && connected_) rdma_disconnect(id_);
-    if (qp_) rdma_destroy_qp(id_);
-    qp_ = nullptr;
-    if (cq_) ibv_destroy_cq(cq_);
-    cq_ = nullptr;
-    if (msg_mr_) ibv_dereg_mr(msg_mr_);
-    msg_mr_ = nullptr;
-    if (id_) rdma_destroy_id(id_);
-    id_ = nullptr;
-    if (channel_) rdma_destroy_event_channel(channel_);
-    channel_ = nullptr;
-  }
-
-  VerbsDomain *domain_;
-  EndpointAttr attr_;
-  bool iwarp_;
-  rdma_event_channel *channel_ = nullptr;
-  rdma_cm_id *id_ = nullptr;
-  ibv_cq *cq_ = nullptr;
-  ibv_qp *qp_ = nullptr;
-  uint32_t max_inline_ = 0;
-  uint32_t deferred_recvs_ = 0;
-  std::vector<uint32_t> msg_words_;  // iWARP: one receive slot per posted receive
-  ibv_mr *msg_mr_ = nullptr;
-  uint64_t msg_next_post_ = 0;
-  bool connected_ = false;
-  uint8_t private_[64] = {};
-  uint32_t private_len_ = 0;
-  sockaddr_storage peer_{};
-  socklen_t peer_len_ = 0;
 };
 
 class VerbsListener final : public Listener {
@@ -320,6 +56,8 @@ class VerbsListener final : public Listener {
     return 0;
   }
   int wait_fd() const override { return channel_->fd; }
+  gs_status_t arm_wait() override { return fd_readable(channel_->fd) ? -EAGAIN : 0; }
+  bool maybe_ready() const override { return true; }  // only a system call can look
 
  private:
   rdma_event_channel *channel_ = nullptr;
@@ -329,7 +67,7 @@ class VerbsListener final : public Listener {
 class VerbsDomain final : public Domain {
  public:
   ~VerbsDomain() override {
-    if (pd_) ibv_dealloc_pd(pd_);
+    if (device_.pd) ibv_dealloc_pd(device_.pd);
     if (devices_) rdma_free_devices(devices_);
   }
 
@@ -342,20 +80,21 @@ class VerbsDomain final : public Domain {
       return -ENODEV;
     }
     const char *wanted = std::getenv("GPUSOCK_VERBS_DEVICE");
-    for (int i = 0; i < n && !context_; ++i)
-      if (!wanted || !std::strcmp(ibv_get_device_name(devices_[i]->device), wanted)) context_ = devices_[i];
-    if (!context_) {
+    ibv_context *&context = device_.context;
+    for (int i = 0; i < n && !context; ++i)
+      if (!wanted || !std::strcmp(ibv_get_device_name(devices_[i]->device), wanted)) context = devices_[i];
+    if (!context) {
       *error = std::string("gpusock: GPUSOCK_VERBS_DEVICE=") + wanted + " names no RDMA device";
       return -ENODEV;
     }
     // iWARP has no write-with-immediate: rsocket's RS_OPT_MSG_SEND variant (§2.11).
-    if (context_->device->transport_type == IBV_TRANSPORT_IWARP) caps_.write_with_imm = false;
-    if (ibv_query_device(context_, &attr_)) {
+    if (context->device->transport_type == IBV_TRANSPORT_IWARP) caps_.write_with_imm = false;
+    if (ibv_query_device(context, &device_.attr)) {
       *error = "gpusock: ibv_query_device failed";
       return -errno;
     }
-    pd_ = ibv_alloc_pd(context_);
-    if (!pd_) {
+    device_.pd = ibv_alloc_pd(context);
+    if (!device_.pd) {
       *error = "gpusock: ibv_alloc_pd failed";
       return -ENOMEM;
     }
@@ -371,7 +110,7 @@ class VerbsDomain final : public Domain {
   gs_status_t register_memory(void *base, size_t length, unsigned access, MemoryRegion *out) override {
     int flags = IBV_ACCESS_LOCAL_WRITE;
     if (access & kAccessRemoteWrite) flags |= IBV_ACCESS_REMOTE_WRITE;
-    ibv_mr *mr = ibv_reg_mr(pd_, base, length, flags);
+    ibv_mr *mr = ibv_reg_mr(device_.pd, base, length, flags);
     if (!mr) return errno ? -errno : -ENOMEM;
     *out = MemoryRegion{base, length, reinterpret_cast<uintptr_t>(base), mr->rkey, mr, mr};
     return 0;
@@ -386,16 +125,11 @@ class VerbsDomain final : public Domain {
   }
   gs_status_t create_endpoint(ConnectionRequest *request, const EndpointAttr &attr,
                               std::unique_ptr<Endpoint> *out) override {
-    auto ep = std::make_unique<VerbsEndpoint>(this, attr, iwarp());
-    const int rc = request ? ep->init_passive(static_cast<VerbsRequest *>(request)) : ep->init_active();
-    if (rc < 0) return rc;
-    *out = std::move(ep);
-    return 0;
+    return create_verbs_endpoint(&device_, attr, iwarp(), static_cast<VerbsRequest *>(request), out);
   }
   gs_status_t accept(Endpoint *endpoint, ConnectionRequest *request, const void *private_data,
                      uint32_t private_len) override {
-    return static_cast<VerbsEndpoint *>(endpoint)->accept(static_cast<VerbsRequest *>(request), private_data,
-                                                         private_len);
+    return accept_verbs_endpoint(endpoint, static_cast<VerbsRequest *>(request), private_data, private_len);
   }
   gs_status_t listen(const sockaddr *addr, socklen_t, int backlog, std::unique_ptr<Listener> *out) override {
     auto listener = std::make_unique<VerbsListener>();
@@ -404,149 +138,11 @@ class VerbsDomain final : public Domain {
     return 0;
   }
 
-  ibv_pd *pd() const { return pd_; }
-  ibv_context *context() const { return context_; }
-  const ibv_device_attr &device_attr() const { return attr_; }
-
  private:
   ibv_context **devices_ = nullptr;
-  ibv_context *context_ = nullptr;
-  ibv_device_attr attr_{};
-  ibv_pd *pd_ = nullptr;
+  VerbsDevice device_;
   TransportCaps caps_ = kVerbsCaps;
 };
-
-int VerbsEndpoint::init_active() {
-  channel_ = rdma_create_event_channel();
-  if (!channel_) return -errno;
-  if (int rc = set_nonblocking(channel_->fd); rc < 0) return rc;
-  if (rdma_create_id(channel_, &id_, this, RDMA_PS_TCP)) return -errno;
-  return 0;
-}
-
-int VerbsEndpoint::init_passive(VerbsRequest *request) {
-  channel_ = rdma_create_event_channel();
-  if (!channel_) return -errno;
-  if (int rc = set_nonblocking(channel_->fd); rc < 0) return rc;
-  id_ = request->take_id();
-  if (rdma_migrate_id(id_, channel_)) return -errno;  // events of this connection come here
-  return create_qp();  // §1.5 step 4: QP and receives exist before the reply
-}
-
-int VerbsEndpoint::create_qp() {
-  if (id_->verbs != domain_->context()) return -EXDEV;  // registered memory belongs to the domain's device
-  const auto &dev = domain_->device_attr();
-  const int max_wr = dev.max_qp_wr > 0 ? dev.max_qp_wr : 1024;
-  const int send_depth = std::min<int>(static_cast<int>(attr_.send_depth), max_wr);
-  const int recv_depth = std::min<int>(static_cast<int>(attr_.recv_depth), max_wr);
-  cq_ = ibv_create_cq(id_->verbs, send_depth + recv_depth, nullptr, nullptr, 0);
-  if (!cq_) return -ENOMEM;
-  ibv_qp_init_attr qa{};
-  qa.send_cq = qa.recv_cq = cq_;
-  qa.qp_type = IBV_QPT_RC;
-  qa.sq_sig_all = 1;  // §1.6: every send signalled
-  qa.cap.max_send_wr = static_cast<uint32_t>(send_depth);
-  qa.cap.max_recv_wr = static_cast<uint32_t>(recv_depth);
-  qa.cap.max_send_sge = 2;
-  qa.cap.max_recv_sge = 1;
-  qa.cap.max_inline_data = attr_.inline_size ? attr_.inline_size : kDefaultInline;
-  if (iwarp_) {
-    qa.cap.max_inline_data = std::max<uint32_t>(qa.cap.max_inline_data, 4);  // the message word goes inline
-    msg_words_.assign(static_cast<size_t>(recv_depth), 0);
-    msg_mr_ = ibv_reg_mr(domain_->pd(), msg_words_.data(), msg_words_.size() * sizeof(uint32_t),
-                         IBV_ACCESS_LOCAL_WRITE);
-    if (!msg_mr_) return -ENOMEM;
-  }
-  if (rdma_create_qp(id_, domain_->pd(), &qa)) return -errno;
-  qp_ = id_->qp;
-  max_inline_ = qa.cap.max_inline_data;  // what the provider granted
-  const uint32_t deferred = deferred_recvs_;
-  deferred_recvs_ = 0;
-  return deferred ? post_recv(deferred) : 0;
-}
-
-int VerbsEndpoint::accept(VerbsRequest *request, const void *private_data, uint32_t private_len) {
-  // §1.5 step 6: accept with the request's own parameters, our record as data.
-  rdma_conn_param param = request->param();
-  param.private_data = private_data;
-  param.private_data_len = static_cast<uint8_t>(private_len);
-  if (rdma_accept(id_, &param)) return -errno;
-  return 0;
-}
-
-int VerbsEndpoint::poll_cm(CmEvent *out) {
-  if (!channel_) return 0;
-  rdma_cm_event *event = nullptr;
-  if (rdma_get_cm_event(channel_, &event)) return 0;
-  const rdma_cm_event_type type = event->event;
-  *out = CmEvent{};
-  int result = 1;
-  switch (type) {
-    case RDMA_CM_EVENT_ADDR_RESOLVED:
-      if (rdma_resolve_route(id_, kResolveTimeoutMs)) {
-        out->kind = CmEventKind::kRejected;
-        out->status = -errno;
-        out->reason = "rdma_cm could not resolve a route to that address (no RDMA device serves it; loopback never does)";
-      } else {
-        result = 0;
-      }
-      break;
-    case RDMA_CM_EVENT_ROUTE_RESOLVED: {
-      int rc = create_qp();
-      if (rc == 0) {
-        rdma_conn_param param = rsocket_conn_param(private_, private_len_, iwarp_);
-        if (rdma_connect(id_, &param)) rc = -errno;
-      }
-      if (rc < 0) {
-        out->kind = CmEventKind::kRejected;
-        out->status = rc;
-        out->reason = rc == -EXDEV ? "the address resolves to another RDMA device than the one in use (GPUSOCK_VERBS_DEVICE)"
-                                   : "could not create the queue pair or send the connect request";
-      } else {
-        result = 0;
-      }
-      break;
-    }
-    case RDMA_CM_EVENT_ESTABLISHED: {
-      connected_ = true;
-      out->kind = CmEventKind::kEstablished;
-      const auto &conn = event->param.conn;
-      out->peer_private_len = std::min<uint32_t>(conn.private_data_len, sizeof out->peer_private_data);
-      if (conn.private_data) std::memcpy(out->peer_private_data, conn.private_data, out->peer_private_len);
-      break;
-    }
-    case RDMA_CM_EVENT_DISCONNECTED:
-      out->kind = CmEventKind::kDisconnected;
-      out->status = -ECONNRESET;
-      if (connected_) rdma_disconnect(id_);
-      connected_ = false;
-      break;
-    case RDMA_CM_EVENT_DEVICE_REMOVAL:
-      out->kind = CmEventKind::kError;
-      out->status = -ENODEV;
-      break;
-    case RDMA_CM_EVENT_REJECTED:
-    case RDMA_CM_EVENT_ADDR_ERROR:
-    case RDMA_CM_EVENT_ROUTE_ERROR:
-    case RDMA_CM_EVENT_UNREACHABLE:
-    case RDMA_CM_EVENT_CONNECT_ERROR:
-      out->kind = CmEventKind::kRejected;
-      // The event's own status says most (e.g. -ENODEV for loopback, which
-      // rdma_cm cannot reach); a reject carries a CM reason instead.
-      out->status = type != RDMA_CM_EVENT_REJECTED && event->status < 0 ? event->status : status_of_cm_failure(type);
-      out->reason = type == RDMA_CM_EVENT_REJECTED      ? "the peer rejected the connection (no rsocket listener on that port, or a bad record)"
-                    : type == RDMA_CM_EVENT_ADDR_ERROR  ? "rdma_cm could not resolve the address to an RDMA device (ADDR_ERROR)"
-                    : type == RDMA_CM_EVENT_ROUTE_ERROR ? "rdma_cm could not resolve a route to the peer (ROUTE_ERROR)"
-                    : type == RDMA_CM_EVENT_UNREACHABLE ? "the peer is unreachable over RDMA (UNREACHABLE)"
-                                                        : "the RDMA connection failed (CONNECT_ERROR)";
-      break;
-    default:
-      result = 0;  // TIMEWAIT_EXIT and friends: nothing for the caller
-      break;
-  }
-  rdma_ack_cm_event(event);
-  return result;
-}
 
 }  // namespace
 

@@ -1,0 +1,124 @@
+// What the files of the FI_EP_MSG flavour ("fabric:tcp") share: the domain
+// with its event queue, the mailboxes CM events are routed to, and the
+// listener side (fabric_msg.cc, whose header comment describes the flavour);
+// endpoints are in fabric_msg_endpoint.cc.
+#pragma once
+
+#include "wire/fabric/fabric_common.h"
+
+#include <atomic>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+
+namespace gpusock::wire::fabric::msg {
+
+constexpr size_t kMaxCmData = 256;  // tcp's TCPX_MAX_CM_DATA_SIZE
+
+// A CM event as read from the EQ, before the endpoint interprets it.
+struct RawCmEvent {
+  enum Type : uint8_t { kConnReq, kConnected, kShutdown, kError } type = kError;
+  int err = 0;              // kError / error shutdown: positive errno
+  fi_info *info = nullptr;  // kConnReq: owned
+  uint8_t data[64] = {};
+  uint32_t data_len = 0;
+};
+
+// Events for one fid; guarded by MsgDomain::cm_mutex(). Whoever routes an
+// event here wakes its owner: an endpoint through its CQ's wait object
+// (fi_cq_signal), a listener through its eventfd.
+struct CmMailbox {
+  std::deque<RawCmEvent> events;
+  std::atomic<uint32_t> pending{0};
+  fid_pep *refuse_from = nullptr;  // a closed listener: refuse its FI_CONNREQs on arrival
+  fid_cq *wake_cq = nullptr;
+  int wake_fd = -1;
+};
+
+class MsgDomain;
+
+struct MsgListenerCore {
+  MsgDomain *domain = nullptr;
+  fid_pep *pep = nullptr;
+  CmMailbox mailbox;
+  int event_fd = -1;  // the listener's wait fd: written when a request is routed here
+  ~MsgListenerCore();
+  // The Listener object is going: refuse what waits and what comes. The pep
+  // stays open while requests handed out still need it for fi_reject.
+  void shutdown();
+  // Read the EQ, then refuse every connection request waiting here; with the
+  // domain's CM mutex held.
+  void refuse_queued_locked();
+};
+
+class MsgConnectionRequest final : public ConnectionRequest {
+ public:
+  MsgConnectionRequest(std::shared_ptr<MsgListenerCore> core, RawCmEvent &&event)
+      : core_(std::move(core)), info_(event.info), len_(event.data_len) {
+    event.info = nullptr;
+    std::memcpy(data_, event.data, len_);
+  }
+  ~MsgConnectionRequest() override;
+
+  const uint8_t *private_data() const override { return data_; }
+  uint32_t private_len() const override { return len_; }
+  void reject() override;
+
+  fi_info *info() const { return info_; }
+  bool answered() const { return accepted_ || rejected_; }
+  void mark_accepted() { accepted_ = true; }
+
+ private:
+  std::shared_ptr<MsgListenerCore> core_;
+  fi_info *info_;
+  uint8_t data_[64];
+  uint32_t len_;
+  bool accepted_ = false;
+  bool rejected_ = false;
+};
+
+class MsgDomain final : public FabricDomainBase {
+ public:
+  explicit MsgDomain(const ProviderAttr &attr) : FabricDomainBase(attr) {}
+  ~MsgDomain() override;
+
+  gs_status_t open(std::string *error);
+
+  gs_status_t create_endpoint(ConnectionRequest *request, std::unique_ptr<Endpoint> *out) override;
+  gs_status_t accept(Endpoint *endpoint, ConnectionRequest *request, const void *private_data,
+                     uint32_t private_len) override;
+  gs_status_t listen(const sockaddr *addr, socklen_t len, int backlog, std::unique_ptr<Listener> *out) override;
+
+  fid_eq *eq() const { return eq_; }
+  std::mutex &cm_mutex() { return cm_mutex_; }
+  // Both with cm_mutex() held.
+  void add_mailbox(fid_t fid, CmMailbox *mailbox) { mailboxes_[fid] = mailbox; }
+  void remove_mailbox(fid_t fid) { mailboxes_.erase(fid); }
+  // Read every EQ event and route it; cm_mutex() held.
+  void pump_locked();
+  // Pop one event for `mailbox` (pumping first if it has none).
+  bool next_event(CmMailbox *mailbox, bool pump, RawCmEvent *out);
+  // Put `event` in `mailbox` and wake its owner; cm_mutex() held.
+  static void deliver_locked(CmMailbox *mailbox, RawCmEvent &&event);
+
+  // An fi_info for an endpoint of `family` (src/dest addresses cleared).
+  InfoPtr endpoint_info(int family) const;
+
+ private:
+  void route(fid_t fid, RawCmEvent &&event);
+  // The CM thread: pumps the EQ whenever it has something, so that CM events
+  // reach their endpoints while nobody polls.
+  void run_cm();
+
+  fid_eq *eq_ = nullptr;
+  std::mutex cm_mutex_;
+  std::unordered_map<fid_t, CmMailbox *> mailboxes_;
+  int eq_fd_ = -1;    // the EQ's wait object
+  int stop_fd_ = -1;  // tells the CM thread to end
+  std::thread cm_thread_;
+};
+
+}  // namespace gpusock::wire::fabric::msg

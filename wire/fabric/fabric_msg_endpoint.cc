@@ -1,0 +1,293 @@
+// fabric:tcp connection endpoints (fabric_msg.cc describes the flavour and
+// how waiting works).
+#include "wire/fabric/fabric_msg.h"
+
+#include <cerrno>
+#include <cstring>
+
+namespace gpusock::wire::fabric::msg {
+namespace {
+
+class MsgEndpoint final : public FabricEndpointBase {
+ public:
+  explicit MsgEndpoint(MsgDomain *domain) : domain_(domain) {}
+  ~MsgEndpoint() override;
+
+  gs_status_t init();
+  // Passive side: the fid_ep from a connection request.
+  gs_status_t init_from_request(MsgConnectionRequest *request);
+  gs_status_t start_accept(MsgConnectionRequest *request, const void *private_data, uint32_t private_len);
+
+  gs_status_t connect(const sockaddr *addr, socklen_t len, const void *private_data,
+                      uint32_t private_len) override;
+  gs_status_t post_write(const WriteRequest &request) override;
+  gs_status_t post_recv(uint32_t count) override;
+  int poll(Completion *out, int max) override;
+  int poll_cm(CmEvent *out) override;
+  void disconnect() override;
+  gs_status_t local_address(sockaddr_storage *out, socklen_t *len) const override;
+  gs_status_t peer_address(sockaddr_storage *out, socklen_t *len) const override;
+  int wait_fd() const override { return wait_fd_; }
+  gs_status_t arm_wait() override;
+  bool maybe_ready() const override;
+
+ private:
+  gs_status_t open_ep(fi_info *info);
+  gs_status_t post_recvs(uint32_t count);
+
+  MsgDomain *domain_;
+  fid_ep *ep_ = nullptr;
+  fid_cq *cq_ = nullptr;
+  int wait_fd_ = -1;                // the CQ's wait object (an epoll fd)
+  CmMailbox mailbox_;
+  bool registered_ = false;
+  bool rx_cq_data_ = false;
+  bool cq_dirty_ = false;           // the CQ may hold entries: our last read was not empty
+  uint32_t deferred_recvs_ = 0;     // FI_RX_CQ_DATA: receives asked for before the ep existed
+  uint64_t last_cm_check_ms_ = 0;
+  bool cm_check_now_ = false;       // poll() saw an error: look at the EQ soon
+  uint8_t peer_record_[64] = {};    // passive side: the client's private data
+  uint32_t peer_record_len_ = 0;
+  static char recv_dummy_;
+};
+
+char MsgEndpoint::recv_dummy_;
+
+gs_status_t MsgEndpoint::init() {
+  rx_cq_data_ = domain_->rx_cq_data();
+  gs_status_t ret = init_base(*domain_);
+  if (ret < 0) return ret;
+  ret = domain_->open_endpoint_cq(&cq_, FI_WAIT_FD);
+  if (ret < 0) return ret;
+  ret = fi_status(fi_control(&cq_->fid, FI_GETWAIT, &wait_fd_));
+  mailbox_.wake_cq = cq_;  // before the mailbox is registered (open_ep)
+  return ret < 0 ? ret : 0;
+}
+
+gs_status_t MsgEndpoint::open_ep(fi_info *info) {
+  int ret = fi_endpoint(domain_->domain(), info, &ep_, nullptr);
+  if (ret != 0) return fi_status(ret);
+  ret = fi_ep_bind(ep_, &domain_->eq()->fid, 0);
+  if (ret == 0) ret = fi_ep_bind(ep_, &cq_->fid, FI_TRANSMIT | FI_RECV);
+  if (ret == 0) ret = fi_enable(ep_);
+  if (ret != 0) return fi_status(ret);
+  std::lock_guard<std::mutex> lock(domain_->cm_mutex());
+  domain_->add_mailbox(&ep_->fid, &mailbox_);
+  registered_ = true;
+  return 0;
+}
+
+gs_status_t MsgEndpoint::init_from_request(MsgConnectionRequest *request) {
+  gs_status_t ret = open_ep(request->info());
+  if (ret < 0) return ret;
+  peer_record_len_ = request->private_len();
+  std::memcpy(peer_record_, request->private_data(), peer_record_len_);
+  return 0;
+}
+
+gs_status_t MsgEndpoint::start_accept(MsgConnectionRequest *request, const void *private_data,
+                                      uint32_t private_len) {
+  if (ep_ == nullptr || state_ != State::kIdle) return -EINVAL;
+  gs_status_t ret = post_recvs(deferred_recvs_);
+  if (ret < 0) return ret;
+  deferred_recvs_ = 0;
+  int rc = fi_accept(ep_, private_data, private_len);
+  if (rc != 0) return fi_status(rc);
+  request->mark_accepted();
+  state_ = State::kAccepting;
+  return 0;
+}
+
+MsgEndpoint::~MsgEndpoint() {
+  if (ep_ != nullptr) {
+    std::lock_guard<std::mutex> lock(domain_->cm_mutex());
+    if (registered_) domain_->remove_mailbox(&ep_->fid);
+    close_fid(ep_);  // tcp drops this fid's queued EQ events on close
+  }
+  for (RawCmEvent &event : mailbox_.events) {
+    if (event.info != nullptr) fi_freeinfo(event.info);
+  }
+  close_fid(cq_);
+}
+
+gs_status_t MsgEndpoint::connect(const sockaddr *addr, socklen_t len, const void *private_data,
+                                 uint32_t private_len) {
+  sockaddr_storage peer;
+  if (!copy_sockaddr(addr, len, &peer)) return -EINVAL;
+  if (private_len > sizeof(peer_record_) || (private_len != 0 && private_data == nullptr)) return -EINVAL;
+  if (ep_ != nullptr || state_ != State::kIdle) return -EISCONN;
+  InfoPtr info = domain_->endpoint_info(addr->sa_family);
+  if (!info) return -ENOMEM;
+  gs_status_t ret = open_ep(info.get());
+  if (ret < 0) return ret;
+  ret = post_recvs(deferred_recvs_);
+  if (ret < 0) return ret;
+  deferred_recvs_ = 0;
+  int rc = fi_connect(ep_, &peer, private_data, private_len);
+  if (rc == -FI_ECONNREFUSED) {
+    // Refused synchronously: report it the way an asynchronous refusal is.
+    RawCmEvent event;
+    event.type = RawCmEvent::kError;
+    event.err = ECONNREFUSED;
+    std::lock_guard<std::mutex> lock(domain_->cm_mutex());
+    MsgDomain::deliver_locked(&mailbox_, std::move(event));
+  } else if (rc != 0) {
+    return fi_status(rc);
+  }
+  state_ = State::kConnecting;
+  return 0;
+}
+
+gs_status_t MsgEndpoint::post_recvs(uint32_t count) {
+  if (!rx_cq_data_) return 0;
+  for (uint32_t i = 0; i < count; ++i) {
+    ssize_t ret = fi_recv(ep_, &recv_dummy_, 0, nullptr, FI_ADDR_UNSPEC, nullptr);
+    if (ret != 0) return fi_status(ret);
+  }
+  return 0;
+}
+
+gs_status_t MsgEndpoint::post_recv(uint32_t count) {
+  if (!rx_cq_data_) return 0;  // tcp: remote CQ data needs no receive
+  if (ep_ == nullptr) {
+    deferred_recvs_ += count;
+    return 0;
+  }
+  return post_recvs(count);
+}
+
+gs_status_t MsgEndpoint::post_write(const WriteRequest &request) { return post_write_to(ep_, 0, request); }
+
+int MsgEndpoint::poll(Completion *out, int max) {
+  if (cq_ == nullptr || max <= 0) return 0;
+  int n = 0;
+  const int got = read_cq(
+      cq_, out, max, &n, [](const fi_cq_data_entry &) {},
+      [this](const fi_cq_err_entry &, bool) { cm_check_now_ = true; });  // the EQ may say why
+  if (got < 0) return got;
+  cq_dirty_ = got != 0;  // only an empty read says the CQ is empty
+  if (!ring_.empty()) n += ring_.drain(out + n, max - n);
+  return n;
+}
+
+int MsgEndpoint::poll_cm(CmEvent *out) {
+  if (out == nullptr || ep_ == nullptr) return 0;
+  bool pump = true;
+  if (state_ == State::kEstablished || state_ == State::kClosed) {
+    // Established: the EQ only ever brings FI_SHUTDOWN, which tcp raises from
+    // CQ progress; look at most once a millisecond unless poll() saw an error.
+    const uint64_t now = coarse_ms();
+    pump = cm_check_now_ || now != last_cm_check_ms_;
+    if (pump) {
+      last_cm_check_ms_ = now;
+      cm_check_now_ = false;
+      if (state_ == State::kEstablished) (void)fi_cq_read(cq_, nullptr, 0);  // progress only
+    }
+  }
+  RawCmEvent event;
+  while (domain_->next_event(&mailbox_, pump, &event)) {
+    *out = CmEvent{};
+    switch (event.type) {
+      case RawCmEvent::kConnected:
+        if (state_ != State::kConnecting && state_ != State::kAccepting) continue;
+        out->kind = CmEventKind::kEstablished;
+        if (state_ == State::kAccepting) {
+          out->peer_private_len = peer_record_len_;
+          std::memcpy(out->peer_private_data, peer_record_, peer_record_len_);
+        } else {
+          out->peer_private_len = event.data_len;
+          std::memcpy(out->peer_private_data, event.data, event.data_len);
+        }
+        state_ = State::kEstablished;
+        return 1;
+      case RawCmEvent::kShutdown:
+        if (state_ == State::kClosed) continue;
+        out->kind = state_ == State::kEstablished ? CmEventKind::kDisconnected : CmEventKind::kError;
+        out->status = state_ == State::kEstablished ? 0 : -ECONNRESET;
+        state_ = State::kClosed;
+        ring_.fail_all(-ECONNRESET);
+        return 1;
+      case RawCmEvent::kError:
+        if (state_ == State::kClosed) continue;
+        out->status = -event.err;
+        if (state_ == State::kConnecting) {
+          out->kind = event.err == ECONNREFUSED ? CmEventKind::kRejected : CmEventKind::kError;
+          out->peer_private_len = event.data_len;
+          std::memcpy(out->peer_private_data, event.data, event.data_len);
+        } else if (state_ == State::kEstablished) {
+          out->kind = CmEventKind::kDisconnected;
+        } else {
+          out->kind = CmEventKind::kError;
+        }
+        state_ = State::kClosed;
+        ring_.fail_all(-ECONNRESET);
+        return 1;
+      default:
+        if (event.info != nullptr) fi_freeinfo(event.info);
+        continue;
+    }
+  }
+  return 0;
+}
+
+void MsgEndpoint::disconnect() {
+  if (ep_ == nullptr) return;
+  if (state_ == State::kEstablished || state_ == State::kConnecting || state_ == State::kAccepting) {
+    // tcp flushes what is queued, closes the socket and raises FI_SHUTDOWN on
+    // both sides (ours included); what it flushes may be in our CQ now.
+    (void)fi_shutdown(ep_, 0);
+    cq_dirty_ = true;
+  }
+}
+
+gs_status_t MsgEndpoint::local_address(sockaddr_storage *out, socklen_t *len) const {
+  if (ep_ == nullptr) return -ENOTCONN;
+  sockaddr_storage addr{};
+  size_t addr_len = sizeof(addr);
+  int ret = fi_getname(&ep_->fid, &addr, &addr_len);
+  if (ret != 0) return fi_status(ret);
+  return output_sockaddr(addr, out, len);
+}
+
+gs_status_t MsgEndpoint::peer_address(sockaddr_storage *out, socklen_t *len) const {
+  if (ep_ == nullptr) return -ENOTCONN;
+  sockaddr_storage addr{};
+  size_t addr_len = sizeof(addr);
+  int ret = fi_getpeer(ep_, &addr, &addr_len);
+  if (ret != 0) return fi_status(ret);
+  return output_sockaddr(addr, out, len);
+}
+
+// --- waiting -------------------------------------------------------------------
+
+gs_status_t MsgEndpoint::arm_wait() {
+  if (ring_.head_done()) return -EAGAIN;
+  // Resets the CQ's signal; -FI_EAGAIN when completions or received bytes
+  // wait (tcp progresses the socket on the way).
+  fid *cq_fid = &cq_->fid;
+  const int rc = fi_trywait(domain_->fabric(), &cq_fid, 1);
+  if (rc != 0) return rc == -FI_EAGAIN ? -EAGAIN : fi_status(rc);
+  // After the reset: a router counts before it signals (MsgDomain::deliver_locked).
+  return mailbox_.pending.load(std::memory_order_seq_cst) != 0 ? -EAGAIN : 0;
+}
+
+bool MsgEndpoint::maybe_ready() const {
+  if (mailbox_.pending.load(std::memory_order_acquire) != 0 || ring_.head_done() || cq_dirty_) return true;
+  // Connected or about to be: bytes may wait in the kernel's socket, and no
+  // look without a system call sees them (tcp turns them into completions in
+  // fi_cq_read).
+  return state_ == State::kConnecting || state_ == State::kAccepting || state_ == State::kEstablished;
+}
+
+}  // namespace
+
+gs_status_t MsgDomain::create_endpoint(ConnectionRequest *request, std::unique_ptr<Endpoint> *out) {
+  return create_endpoint_as<MsgEndpoint, MsgConnectionRequest>(this, request, out);
+}
+
+gs_status_t MsgDomain::accept(Endpoint *endpoint, ConnectionRequest *request, const void *private_data,
+                              uint32_t private_len) {
+  return accept_as<MsgEndpoint, MsgConnectionRequest>(caps_, endpoint, request, private_data, private_len);
+}
+
+}  // namespace gpusock::wire::fabric::msg

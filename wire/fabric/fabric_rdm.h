@@ -1,0 +1,205 @@
+// What the files of the FI_EP_RDM flavour ("fabric:shm") share: the control
+// messages of gpusock's handshake, the libfabric objects of one endpoint and
+// the in-process registry (fabric_rdm_peers.cc), the domain (fabric_rdm.cc,
+// whose header comment describes the whole flavour), and the listener side
+// that accepted endpoints talk back to (fabric_rdm_listener.cc).
+#pragma once
+
+#include "wire/fabric/fabric_common.h"
+#include "wire/fabric/shm_bell.h"
+#include "wire/fabric/shm_names.h"
+#include "wire/fabric/shm_watchdog.h"
+
+#include <netinet/in.h>
+
+#include <atomic>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace gpusock::wire::fabric::rdm {
+
+using shm::kNameMax;
+
+constexpr int kConnCtrlBufs = 4;
+constexpr int kListenerCtrlBufs = 32;
+constexpr uint64_t kLivenessIntervalMs = 10;
+
+enum CtrlType : uint16_t { kReq = 1, kAccept = 2, kReject = 3, kBye = 4, kAck = 5 };
+
+struct CtrlMsg {
+  uint32_t magic;
+  uint16_t version;
+  uint16_t type;
+  uint64_t nonce;
+  int32_t pid;
+  uint32_t private_len;
+  char name[kNameMax];
+  sockaddr_storage src;  // REQ: the client's address; ACCEPT: the server's
+  sockaddr_storage dst;  // REQ: the address the client connected to
+  uint8_t private_data[64];
+};
+
+bool valid_ctrl(const CtrlMsg &msg, size_t len);
+CtrlMsg make_ctrl(CtrlType type, uint64_t nonce, const std::string &name);
+uint64_t random_u64();
+
+uint16_t sockaddr_port(const sockaddr_storage &addr);
+void set_sockaddr_port(sockaddr_storage *addr, uint16_t port);
+std::string sockaddr_ip(const sockaddr_storage &addr);
+bool is_wildcard(const sockaddr_storage &addr);
+// Rendezvous names a client tries for `addr`, most specific first.
+std::vector<std::string> rendezvous_candidates(const sockaddr_storage &addr);
+
+// The libfabric objects of one RDM endpoint, shared with in-process peers
+// (see "Peers in the same process"), and its bell.
+struct RdmShared {
+  fid_ep *ep = nullptr;
+  fid_cq *cq = nullptr;
+  fid_av *av = nullptr;
+  std::string name;
+  shm::Bell bell;
+  std::mutex mu;
+  std::atomic<bool> alive{true};                    // owner not yet destroyed
+  std::vector<std::shared_ptr<RdmShared>> inbound;  // in-process senders to us
+
+  ~RdmShared();
+};
+
+// In-process endpoints by name.
+void registry_add(const std::shared_ptr<RdmShared> &shared);
+// The owner is going away: no new in-process peer may find it, it lets go of
+// the senders it was keeping mapped and rings them (they look at `alive`),
+// and its bell closes (ring-back requests are served, later ones fail).
+void retire_shared(const std::shared_ptr<RdmShared> &shared, int ringer);
+// `self` no longer needs `peer_name` kept mapped (its last message to us has
+// been consumed).
+void unpin_inbound(const std::shared_ptr<RdmShared> &self, const char *peer_name);
+
+// A peer in an endpoint's AV, and its bell.
+struct PeerRef {
+  fi_addr_t addr = FI_ADDR_NOTAVAIL;
+  std::shared_ptr<RdmShared> pin;  // in-process peers only
+  shm::PeerBell bell;
+
+  PeerRef() = default;
+  PeerRef(const PeerRef &) = delete;
+  PeerRef &operator=(const PeerRef &) = delete;
+  // A moved-from PeerRef no longer names the AV entry (it must be removed once).
+  PeerRef(PeerRef &&other) noexcept { *this = std::move(other); }
+  PeerRef &operator=(PeerRef &&other) noexcept {
+    addr = other.addr;
+    pin = std::move(other.pin);
+    bell = std::move(other.bell);
+    other.addr = FI_ADDR_NOTAVAIL;
+    return *this;
+  }
+  bool valid() const { return addr != FI_ADDR_NOTAVAIL; }
+};
+
+// Put endpoint `name` of process `pid` in self's AV and open its bell (rings
+// go from `ringer`). An in-process peer is pinned first: -ECONNREFUSED if it
+// is gone.
+gs_status_t insert_peer(const std::shared_ptr<RdmShared> &self, const char *name, pid_t pid, int ringer,
+                        PeerRef *out);
+// Drop a peer from the AV; for shm this also frees its slot in the region map
+// (256 slots) and unmaps a cross-process peer's region.
+void remove_peer(fid_av *av, PeerRef *ref);
+
+class RdmDomain final : public FabricDomainBase {
+ public:
+  explicit RdmDomain(const ProviderAttr &attr) : FabricDomainBase(attr) {}
+  ~RdmDomain() override;
+
+  gs_status_t open(std::string *error);
+
+  gs_status_t create_endpoint(ConnectionRequest *request, std::unique_ptr<Endpoint> *out) override;
+  gs_status_t accept(Endpoint *endpoint, ConnectionRequest *request, const void *private_data,
+                     uint32_t private_len) override;
+  gs_status_t listen(const sockaddr *addr, socklen_t len, int backlog, std::unique_ptr<Listener> *out) override;
+
+  // A named, enabled RDM endpoint with its own CQ and AV, and its bell.
+  gs_status_t open_shared(std::shared_ptr<RdmShared> *out);
+
+  shm::ShmWatchdog &watchdog() { return watchdog_; }
+  // The socket every endpoint of the domain rings peers' bells from.
+  int ringer() const { return ringer_; }
+
+ private:
+  int ringer_ = -1;
+  shm::ShmWatchdog watchdog_;  // destroyed (joined) before the fabric objects
+};
+
+// --- listener side -------------------------------------------------------------
+
+struct RdmListenerCore {
+  // A control message the client has not made room for yet. A REJECT owns its
+  // AV entry (removed once sent); an ACK borrows its request's, and its bell.
+  struct PendingCtrl {
+    PeerRef owned;
+    fi_addr_t addr = FI_ADDR_NOTAVAIL;
+    const shm::PeerBell *borrowed_bell = nullptr;
+    CtrlMsg msg;
+    const shm::PeerBell &bell() const { return owned.valid() ? owned.bell : *borrowed_bell; }
+  };
+
+  RdmDomain *domain = nullptr;
+  std::shared_ptr<RdmShared> shared;
+  std::mutex mu;  // everything below, and the fids
+  std::vector<CtrlMsg> bufs;
+  std::deque<PendingCtrl> pending;
+  std::atomic<size_t> pending_count{0};  // pending.size(), for maybe_ready
+  bool send_blocked = false;  // the front of `pending` met -FI_EAGAIN: ask its client to ring back
+  int rendezvous_fd = -1;
+  std::string rendezvous;
+  bool closed = false;  // the Listener object is gone; requests may live on
+  sockaddr_storage bound{};
+  std::shared_ptr<shm::PeerWatch> stuck_watch;  // releases a lock a dead client left held
+
+  ~RdmListenerCore();
+  gs_status_t post_buf(size_t index) {
+    return fi_status(fi_recv(shared->ep, &bufs[index], sizeof(CtrlMsg), nullptr, FI_ADDR_UNSPEC, &bufs[index]));
+  }
+  // All with mu held.
+  void send_locked(PendingCtrl &&entry);
+  void send_reject_locked(PeerRef &&peer, uint64_t nonce);
+  void send_ack_locked(fi_addr_t addr, const shm::PeerBell *bell, uint64_t nonce);
+  void drop_pending_ack_locked(uint64_t nonce);
+  void flush_pending_locked();
+  // Read REQs off the CQ; each valid one goes to `on_request`.
+  template <class F>
+  void drain_locked(F &&on_request);
+  // Refuse what arrived but was not handed out, giving clients a moment to
+  // make room; then drop what is still pending.
+  void refuse_unhandled_locked();
+  // The Listener object is going: no new connections (the rendezvous goes at
+  // once), but requests already handed out keep the endpoint for their answers.
+  void shutdown();
+};
+
+class RdmConnectionRequest final : public ConnectionRequest {
+ public:
+  RdmConnectionRequest(std::shared_ptr<RdmListenerCore> core, const CtrlMsg &msg, PeerRef &&client)
+      : core_(std::move(core)), msg_(msg), client_(std::move(client)) {}
+  ~RdmConnectionRequest() override;
+
+  const uint8_t *private_data() const override { return msg_.private_data; }
+  uint32_t private_len() const override { return msg_.private_len; }
+  void reject() override;
+
+  const CtrlMsg &msg() const { return msg_; }
+  const PeerRef &client() const { return client_; }
+  bool answered() const { return answered_; }
+  void mark_accepted() { answered_ = true; }
+  const std::shared_ptr<RdmListenerCore> &core() const { return core_; }
+
+ private:
+  std::shared_ptr<RdmListenerCore> core_;
+  CtrlMsg msg_;
+  PeerRef client_;  // in the listener's AV
+  bool answered_ = false;
+};
+
+}  // namespace gpusock::wire::fabric::rdm

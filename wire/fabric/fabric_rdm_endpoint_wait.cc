@@ -1,0 +1,117 @@
+// fabric:shm connection endpoints: dead or departed peers, and waiting on
+// the endpoint's bell (fabric_rdm_endpoint.h; shm_bell.h describes waking).
+#include "wire/fabric/fabric_rdm_endpoint.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+namespace gpusock::wire::fabric::rdm {
+
+void RdmEndpoint::watch_peer(pid_t pid, const std::string &peer_region) {
+  unwatch();
+  if (pid <= 0 || pid == getpid()) return;  // in-process peers cannot die under us
+  const std::string wake = shared_->bell.valid() ? shm::bell_path(shared_->name) : std::string();
+  watch_ = domain_->watchdog().watch_pid(pid, {peer_region, shared_->name}, wake);
+  if (!watch_) fallback_watch_.watch(pid);
+}
+
+void RdmEndpoint::unwatch() {
+  if (watch_) domain_->watchdog().unwatch(watch_);
+  watch_.reset();
+  fallback_watch_.reset();
+}
+
+void RdmEndpoint::peer_gone(bool dead_process) {
+  const bool established = state_ == State::kEstablished;
+  queue_event(established ? CmEventKind::kDisconnected : CmEventKind::kError, -ECONNRESET);
+  state_ = State::kClosed;
+  ctrl_pending_ = false;
+  ring_.fail_all(-ECONNRESET);
+  // A dead process's watch stays until we are destroyed: the watchdog may
+  // still have our region's lock to settle (see "Torn enqueues").
+  if (dead_process) peer_died_ = true;
+  else unwatch();
+  // shm cannot unlink the region of a killed process; we know its name.
+  if (dead_process && !peer_name_.empty()) shm::unlink_endpoint_files(peer_name_);
+}
+
+bool RdmEndpoint::verdict_waiting() const {
+  if (state_ == State::kIdle || state_ == State::kClosed) return false;
+  if (watch_ && watch_->dead.load(std::memory_order_acquire)) return true;
+  if (peer_.pin && !peer_.pin->alive.load(std::memory_order_acquire)) return true;
+  // A listener that closed before it took our REQ (check_liveness reads the
+  // rendezvous to be sure).
+  return state_ == State::kConnecting && !req_acked_ && listener_.bell.closed();
+}
+
+void RdmEndpoint::check_liveness() {
+  // The cheap verdicts are loads; the rest costs system calls.
+  const bool urgent = liveness_now_ || verdict_waiting();
+  const uint64_t now = coarse_ms();
+  if (!urgent && now - last_liveness_ms_ < kLivenessIntervalMs) return;
+  last_liveness_ms_ = now;
+  liveness_now_ = false;
+  const bool unreachable = peer_unreachable_;
+  peer_unreachable_ = false;
+  if (state_ == State::kConnecting) {
+    if (peer_dead() || unreachable) {
+      fail_connect(-ECONNREFUSED);
+      return;
+    }
+    if (!req_acked_) {
+      // REQ not yet with the application: is that listener still there?
+      shm::Rendezvous rv{};
+      if (!shm::read_rendezvous(listener_rendezvous_, &rv) || listener_name_ != rv.name) fail_connect(-ECONNREFUSED);
+    }
+    return;
+  }
+  if (state_ != State::kEstablished && state_ != State::kAccepting) return;
+  if (peer_dead()) {
+    peer_gone(true);
+  } else if (unreachable || (peer_.pin && !peer_.pin->alive.load(std::memory_order_acquire))) {
+    peer_gone(false);  // its endpoint was destroyed without a BYE reaching us
+  } else if (state_ == State::kAccepting && ctrl_pending_ && !peer_.pin) {
+    // ACCEPT still waiting for the client: is its endpoint still there?
+    int fd = shm_open(peer_name_.c_str(), O_RDONLY, 0);
+    if (fd >= 0) {
+      close(fd);
+    } else if (errno == ENOENT) {
+      peer_gone(false);
+    }
+  }
+}
+
+gs_status_t RdmEndpoint::arm_wait() {
+  shm::Bell &bell = shared_->bell;
+  if (!bell.valid() || work_waiting()) return -EAGAIN;
+  if (bell.drain()) return -EAGAIN;  // a wake-up: what it announced is for poll to find
+  // The peer that would wake us: one without a bell (an older gpusock) never
+  // rings, so we do not sleep on it.
+  const PeerRef &waker = state_ == State::kConnecting ? listener_ : peer_;
+  if (waker.valid() && !waker.bell.valid() && state_ != State::kClosed) return -EAGAIN;
+  bell.arm();  // then look again: see shm_bell.h
+  bool again = signalled() || bell.requests_pending() || bell.has_requesters() || verdict_may_wait();
+  if (!again && send_blocked_ && still_blocked()) {
+    const PeerRef &dest = ctrl_pending_ ? *pending_dest_ : peer_;
+    const int rc = dest.bell.request_ringback(shared_->name);
+    if (rc == 0) {
+      send_blocked_ = false;
+    } else if (rc == -ECONNREFUSED) {
+      peer_unreachable_ = liveness_now_ = true;
+      send_blocked_ = false;
+    }
+    again = rc != 0;
+  }
+  if (again) bell.disarm();
+  return again ? -EAGAIN : 0;
+}
+
+bool RdmEndpoint::maybe_ready() const {
+  const shm::Bell &bell = shared_->bell;
+  if (!bell.valid()) return true;
+  return signalled() || work_waiting() || still_blocked() || bell.requests_pending() || bell.has_requesters() ||
+         verdict_may_wait();
+}
+
+}  // namespace gpusock::wire::fabric::rdm

@@ -1,0 +1,295 @@
+// fabric:shm listeners: the rendezvous, REQs in, ACK/REJECT out, and waiting
+// for requests on the listener endpoint's bell (fabric_rdm.cc describes the
+// handshake).
+#include "wire/fabric/fabric_rdm.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstring>
+
+namespace gpusock::wire::fabric::rdm {
+namespace {
+
+class RdmListener final : public Listener {
+ public:
+  explicit RdmListener(std::shared_ptr<RdmListenerCore> core) : core_(std::move(core)) {}
+  ~RdmListener() override {
+    ready_.clear();  // refuses them
+    core_->shutdown();
+  }
+  int get_request(std::unique_ptr<ConnectionRequest> *out) override;
+  gs_status_t local_address(sockaddr_storage *out, socklen_t *len) const override {
+    return output_sockaddr(core_->bound, out, len);
+  }
+  int wait_fd() const override { return core_->shared->bell.fd(); }
+  gs_status_t arm_wait() override;
+  bool maybe_ready() const override;
+
+ private:
+  std::shared_ptr<RdmListenerCore> core_;
+  std::deque<std::unique_ptr<ConnectionRequest>> ready_;
+};
+
+int RdmListener::get_request(std::unique_ptr<ConnectionRequest> *out) {
+  if (out == nullptr) return -EINVAL;
+  if (ready_.empty()) {
+    std::lock_guard<std::mutex> lock(core_->mu);
+    shm::Bell &bell = core_->shared->bell;
+    if (bell.requests_pending()) [[unlikely]] bell.collect_requests();
+    core_->flush_pending_locked();
+    const int ringer = core_->domain->ringer();
+    core_->drain_locked([&](const CtrlMsg &msg) {
+      PeerRef client;
+      if (insert_peer(core_->shared, msg.name, msg.pid, ringer, &client) != 0) return;  // client already gone
+      // The REQ was the client's last message to the listener: the request's
+      // pin (if in-process) is all that must keep its region mapped now.
+      if (msg.pid == getpid()) unpin_inbound(core_->shared, msg.name);
+      auto request = std::make_unique<RdmConnectionRequest>(core_, msg, std::move(client));
+      // Tell the client its REQ is with the application now: from here on an
+      // answer is guaranteed (ACCEPT, or REJECT when the request is dropped).
+      core_->send_ack_locked(request->client().addr, &request->client().bell, msg.nonce);
+      ready_.push_back(std::move(request));
+    });
+    if (bell.has_requesters()) [[unlikely]] bell.serve_requests(ringer);
+  }
+  if (ready_.empty()) return 0;
+  *out = std::move(ready_.front());
+  ready_.pop_front();
+  return 1;
+}
+
+gs_status_t RdmListener::arm_wait() {
+  if (!ready_.empty()) return -EAGAIN;
+  std::lock_guard<std::mutex> lock(core_->mu);
+  shm::Bell &bell = core_->shared->bell;
+  if (!bell.valid() || bell.drain()) return -EAGAIN;
+  bell.arm();  // then look again: see shm_bell.h
+  bool again = bell.signalled() || bell.requests_pending() || bell.has_requesters();
+  if (!again && core_->send_blocked && !core_->pending.empty()) {
+    // An ACK or REJECT the client has not made room for: it rings us back.
+    const int rc = core_->pending.front().bell().request_ringback(core_->shared->name);
+    if (rc == 0) {
+      core_->send_blocked = false;
+    } else if (rc == -ECONNREFUSED) {
+      remove_peer(core_->shared->av, &core_->pending.front().owned);  // that client is gone
+      core_->pending.pop_front();
+      core_->pending_count.store(core_->pending.size(), std::memory_order_relaxed);
+    }
+    again = rc != 0;
+  }
+  if (again) bell.disarm();
+  return again ? -EAGAIN : 0;
+}
+
+bool RdmListener::maybe_ready() const {
+  const shm::Bell &bell = core_->shared->bell;
+  return !ready_.empty() || !bell.valid() || bell.signalled() || bell.requests_pending() || bell.has_requesters() ||
+         core_->pending_count.load(std::memory_order_relaxed) != 0;
+}
+
+}  // namespace
+
+// --- core --------------------------------------------------------------------
+
+void RdmListenerCore::send_locked(PendingCtrl &&entry) {
+  if (pending.empty()) {
+    ssize_t ret = fi_inject(shared->ep, &entry.msg, sizeof(entry.msg), entry.addr);
+    entry.bell().wake_if_armed();  // sent, or shm's name exchange queued on the way
+    if (ret != -FI_EAGAIN) {
+      remove_peer(shared->av, &entry.owned);
+      return;
+    }
+    send_blocked = true;
+  }
+  pending.push_back(std::move(entry));  // keeps the order of messages
+  pending_count.store(pending.size(), std::memory_order_relaxed);
+}
+
+void RdmListenerCore::send_reject_locked(PeerRef &&peer, uint64_t nonce) {
+  PendingCtrl entry;
+  entry.addr = peer.addr;
+  entry.owned = std::move(peer);
+  entry.msg = make_ctrl(kReject, nonce, shared->name);
+  send_locked(std::move(entry));
+}
+
+void RdmListenerCore::send_ack_locked(fi_addr_t addr, const shm::PeerBell *bell, uint64_t nonce) {
+  PendingCtrl entry;
+  entry.addr = addr;
+  entry.borrowed_bell = bell;
+  entry.msg = make_ctrl(kAck, nonce, shared->name);
+  send_locked(std::move(entry));
+}
+
+void RdmListenerCore::drop_pending_ack_locked(uint64_t nonce) {
+  for (auto it = pending.begin(); it != pending.end();) {
+    if (it->msg.type == kAck && it->msg.nonce == nonce) {
+      it = pending.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  pending_count.store(pending.size(), std::memory_order_relaxed);
+}
+
+void RdmListenerCore::flush_pending_locked() {
+  while (!pending.empty()) {
+    PendingCtrl &entry = pending.front();
+    ssize_t ret = fi_inject(shared->ep, &entry.msg, sizeof(entry.msg), entry.addr);
+    entry.bell().wake_if_armed();
+    if (ret == -FI_EAGAIN) {
+      send_blocked = true;
+      break;
+    }
+    remove_peer(shared->av, &entry.owned);
+    pending.pop_front();
+  }
+  pending_count.store(pending.size(), std::memory_order_relaxed);
+}
+
+template <class F>
+void RdmListenerCore::drain_locked(F &&on_request) {
+  fi_cq_data_entry entries[kCqBatch];
+  for (;;) {
+    ssize_t got = fi_cq_read(shared->cq, entries, kCqBatch);
+    if (got == -FI_EAVAIL) {
+      fi_cq_err_entry err{};
+      if (fi_cq_readerr(shared->cq, &err, 0) > 0 && err.op_context != nullptr) {
+        auto *buf = static_cast<CtrlMsg *>(err.op_context);
+        if (buf >= bufs.data() && buf < bufs.data() + bufs.size() && err.err != FI_ECANCELED) {
+          post_buf(buf - bufs.data());
+        }
+      }
+      continue;
+    }
+    if (got <= 0) return;
+    for (ssize_t i = 0; i < got; ++i) {
+      auto *buf = static_cast<CtrlMsg *>(entries[i].op_context);
+      if (buf < bufs.data() || buf >= bufs.data() + bufs.size()) continue;
+      if ((entries[i].flags & FI_RECV) == 0) continue;
+      const CtrlMsg msg = *buf;
+      post_buf(buf - bufs.data());
+      if (!valid_ctrl(msg, entries[i].len) || msg.type != kReq) continue;
+      on_request(msg);
+    }
+  }
+}
+
+void RdmListenerCore::refuse_unhandled_locked() {
+  drain_locked([this](const CtrlMsg &msg) {
+    PeerRef peer;
+    if (insert_peer(shared, msg.name, msg.pid, domain->ringer(), &peer) == 0) send_reject_locked(std::move(peer), msg.nonce);
+  });
+  for (int spin = 0; spin < 200 && !pending.empty(); ++spin) {
+    (void)fi_cq_read(shared->cq, nullptr, 0);
+    flush_pending_locked();
+    if (!pending.empty()) usleep(50);
+  }
+  for (auto &entry : pending) remove_peer(shared->av, &entry.owned);
+  pending.clear();
+  pending_count.store(0, std::memory_order_relaxed);
+}
+
+void RdmListenerCore::shutdown() {
+  std::lock_guard<std::mutex> lock(mu);
+  if (closed) return;
+  closed = true;
+  if (rendezvous_fd >= 0) {
+    shm_unlink(rendezvous.c_str());
+    close(rendezvous_fd);  // releases the lock
+    rendezvous_fd = -1;
+  }
+  if (!shared || shared->ep == nullptr) return;
+  // `closed` on the bell first: a client whose REQ lands after the drain
+  // below sees it before it sleeps (and the rendezvous gone), so it gives up.
+  shared->bell.close_for_good(domain->ringer());
+  refuse_unhandled_locked();
+}
+
+RdmListenerCore::~RdmListenerCore() {
+  if (stuck_watch) domain->watchdog().unwatch(stuck_watch);
+  if (rendezvous_fd >= 0) {  // listen() failed half way
+    shm_unlink(rendezvous.c_str());
+    close(rendezvous_fd);
+  }
+  if (shared && shared->ep != nullptr) {
+    std::lock_guard<std::mutex> lock(mu);
+    refuse_unhandled_locked();
+  }
+  retire_shared(shared, domain->ringer());
+}
+
+// --- connection request ------------------------------------------------------
+
+RdmConnectionRequest::~RdmConnectionRequest() {
+  std::lock_guard<std::mutex> lock(core_->mu);
+  core_->drop_pending_ack_locked(msg_.nonce);
+  if (!answered_ && client_.valid()) {
+    answered_ = true;
+    core_->send_reject_locked(std::move(client_), msg_.nonce);
+  }
+  remove_peer(core_->shared->av, &client_);
+}
+
+void RdmConnectionRequest::reject() {
+  std::lock_guard<std::mutex> lock(core_->mu);
+  if (answered_ || !client_.valid()) return;
+  answered_ = true;
+  core_->send_reject_locked(std::move(client_), msg_.nonce);
+}
+
+// --- listen ------------------------------------------------------------------
+
+gs_status_t RdmDomain::listen(const sockaddr *addr, socklen_t len, int /*backlog*/, std::unique_ptr<Listener> *out) {
+  sockaddr_storage bound;
+  if (out == nullptr || !copy_sockaddr(addr, len, &bound)) return -EINVAL;
+  auto core = std::make_shared<RdmListenerCore>();
+  core->domain = this;
+  set_error_detail({});
+
+  // Claim the rendezvous name (a free ephemeral port for port 0).
+  const bool any_port = sockaddr_port(bound) == 0;
+  const std::string ip = sockaddr_ip(bound);
+  uint64_t seed = random_u64();
+  std::string detail;
+  for (int attempt = 0; attempt < (any_port ? 128 : 1); ++attempt) {
+    if (any_port) set_sockaddr_port(&bound, static_cast<uint16_t>(32768 + (seed >> 8) % 28232));
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    const std::string name = shm::rendezvous_name(ip, sockaddr_port(bound));
+    int fd = -1;
+    const int ret = shm::claim_rendezvous(name, &fd, &detail);
+    if (ret == -EADDRINUSE) continue;  // a live listener owns it
+    if (ret < 0) return ret;
+    core->rendezvous_fd = fd;
+    core->rendezvous = name;
+    break;
+  }
+  if (core->rendezvous_fd < 0) {
+    set_error_detail(any_port ? "fabric:shm: no free port for " + ip : detail);
+    return -EADDRINUSE;
+  }
+  core->bound = bound;
+
+  gs_status_t ret = open_shared(&core->shared);
+  if (ret < 0) return ret;
+  core->stuck_watch = watchdog_.watch_stuck(core->shared->name);
+  core->bufs.resize(kListenerCtrlBufs);
+  for (size_t i = 0; i < core->bufs.size(); ++i) {
+    ret = core->post_buf(i);
+    if (ret < 0) return ret;
+  }
+  shm::Rendezvous rv{};
+  rv.magic = shm::kRendezvousMagic;
+  rv.version = shm::kRendezvousVersion;
+  rv.pid = getpid();
+  std::strncpy(rv.name, core->shared->name.c_str(), sizeof(rv.name) - 1);
+  if (ftruncate(core->rendezvous_fd, sizeof(rv)) != 0 ||
+      pwrite(core->rendezvous_fd, &rv, sizeof(rv), 0) != static_cast<ssize_t>(sizeof(rv))) {
+    return -errno;
+  }
+  *out = std::make_unique<RdmListener>(std::move(core));
+  return 0;
+}
+
+}  // namespace gpusock::wire::fabric::rdm

@@ -1,0 +1,216 @@
+#include "wire/fabric/shm_bell.h"
+
+#include "wire/fabric/shm_names.h"
+#include "wire/fabric/shm_region.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+namespace gpusock::wire::fabric::shm {
+namespace {
+
+constexpr uint32_t kBellMagic = 0x4753424c;  // "GSBL"
+constexpr uint32_t kBellVersion = 1;
+constexpr char kWake = 1;
+constexpr size_t kMaxDatagram = 128;  // a request carries an endpoint name (< kNameMax)
+
+bool make_address(const std::string &path, sockaddr_un *out, socklen_t *len) {
+  if (path.size() + 1 > sizeof(out->sun_path)) return false;
+  std::memset(out, 0, sizeof(*out));
+  out->sun_family = AF_UNIX;
+  std::memcpy(out->sun_path, path.c_str(), path.size() + 1);
+  *len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + path.size() + 1);
+  return true;
+}
+
+// Maps the bell page of region `name` (open as `fd`), or nullptr. With
+// `create`, appends it first (our own region, not yet published).
+BellPage *map_bell_page(int fd, const std::string &name, bool create, void **head_map) {
+  ShmRegionHead head{};
+  size_t file_size = 0;
+  if (!read_region_head(fd, name, &head, &file_size) || head.total_size % kBellPageSize != 0) return nullptr;
+  if (create) {
+    if (file_size != head.total_size || ftruncate(fd, static_cast<off_t>(head.total_size + kBellPageSize)) != 0)
+      return nullptr;
+  } else if (file_size < head.total_size + kBellPageSize) {
+    return nullptr;  // a peer without a bell
+  }
+  void *page = mmap(nullptr, kBellPageSize, PROT_READ | PROT_WRITE, MAP_SHARED, fd, static_cast<off_t>(head.total_size));
+  if (page == MAP_FAILED) return nullptr;
+  if (head_map != nullptr) {
+    *head_map = mmap(nullptr, kBellPageSize, PROT_READ, MAP_SHARED, fd, 0);
+    if (*head_map == MAP_FAILED) {
+      *head_map = nullptr;
+      munmap(page, kBellPageSize);
+      return nullptr;
+    }
+  }
+  return static_cast<BellPage *>(page);
+}
+
+}  // namespace
+
+int open_ringer() { return socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0); }
+
+int send_to_bell(int ringer, const std::string &path, const void *data, size_t len) {
+  sockaddr_un addr;
+  socklen_t addr_len = 0;
+  if (ringer < 0 || !make_address(path, &addr, &addr_len)) return -EINVAL;
+  for (;;) {
+    if (sendto(ringer, data, len, MSG_DONTWAIT | MSG_NOSIGNAL, reinterpret_cast<sockaddr *>(&addr), addr_len) >= 0)
+      return 0;
+    if (errno == EINTR) continue;
+    return -errno;
+  }
+}
+
+// --- our bell -------------------------------------------------------------------
+
+Bell::~Bell() {
+  if (sock_ >= 0) {
+    close(sock_);
+    unlink(path_.c_str());
+  }
+  if (page_ != nullptr) munmap(page_, kBellPageSize);
+  if (head_map_ != nullptr) munmap(head_map_, kBellPageSize);
+}
+
+bool Bell::open(const std::string &name) {
+  const int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
+  if (fd < 0) return false;
+  page_ = map_bell_page(fd, name, true, &head_map_);
+  close(fd);
+  if (page_ == nullptr) return false;
+  signal_ = &static_cast<const ShmRegionHead *>(head_map_)->signal;
+  path_ = bell_path(name);
+  sockaddr_un addr;
+  socklen_t addr_len = 0;
+  if (!make_address(path_, &addr, &addr_len)) return false;
+  const int sock = socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (sock < 0) return false;
+  if (bind(sock, reinterpret_cast<sockaddr *>(&addr), addr_len) != 0) {
+    close(sock);
+    return false;
+  }
+  sock_ = sock;
+  // Last: a peer that finds the magic may ring, and ask for ring-backs.
+  page_->version = kBellVersion;
+  __atomic_store_n(&page_->magic, kBellMagic, __ATOMIC_RELEASE);
+  return true;
+}
+
+bool Bell::drain() {
+  if (sock_ < 0) return false;
+  bool any = false;
+  char buffer[kMaxDatagram];
+  for (;;) {
+    const ssize_t n = recv(sock_, buffer, sizeof(buffer) - 1, MSG_DONTWAIT);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return any;
+    }
+    any = true;
+    if (n <= 1) continue;  // a wake-up
+    buffer[n] = '\0';
+    const std::string name(buffer, std::strlen(buffer));
+    ProcessId owner;
+    if (!parse_endpoint_name(name, &owner)) continue;  // not a request of ours
+    if (std::find(requesters_.begin(), requesters_.end(), name) == requesters_.end()) requesters_.push_back(name);
+  }
+}
+
+void Bell::collect_requests() {
+  if (page_ == nullptr) return;
+  // The counter first: every request it counts sent its name before.
+  requests_seen_ = page_->requests.load(std::memory_order_acquire);
+  drain();
+}
+
+void Bell::serve_requests(int ringer) {
+  for (const std::string &name : requesters_) (void)send_to_bell(ringer, bell_path(name), &kWake, 1);
+  requesters_.clear();
+}
+
+void Bell::close_for_good(int ringer) {
+  if (page_ == nullptr) return;
+  page_->closed.store(1, std::memory_order_seq_cst);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  collect_requests();
+  serve_requests(ringer);
+  if (sock_ >= 0) {
+    close(sock_);
+    unlink(path_.c_str());
+    sock_ = -1;
+  }
+}
+
+// --- a peer's bell --------------------------------------------------------------
+
+PeerBell &PeerBell::operator=(PeerBell &&other) noexcept {
+  if (this != &other) {
+    reset();
+    page_ = other.page_;
+    head_map_ = other.head_map_;
+    signal_ = other.signal_;
+    path_ = std::move(other.path_);
+    ringer_ = other.ringer_;
+    other.page_ = nullptr;
+    other.head_map_ = nullptr;
+    other.signal_ = nullptr;
+  }
+  return *this;
+}
+
+void PeerBell::reset() {
+  if (page_ != nullptr) munmap(page_, kBellPageSize);
+  if (head_map_ != nullptr) munmap(head_map_, kBellPageSize);
+  page_ = nullptr;
+  head_map_ = nullptr;
+  signal_ = nullptr;
+}
+
+bool PeerBell::open(const std::string &name, int ringer) {
+  reset();
+  const int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
+  if (fd < 0) return false;
+  void *head_map = nullptr;
+  BellPage *page = map_bell_page(fd, name, false, &head_map);
+  close(fd);
+  if (page == nullptr) return false;
+  if (__atomic_load_n(&page->magic, __ATOMIC_ACQUIRE) != kBellMagic || page->version != kBellVersion) {
+    munmap(page, kBellPageSize);
+    munmap(head_map, kBellPageSize);
+    return false;
+  }
+  page_ = page;
+  head_map_ = head_map;
+  signal_ = &static_cast<const ShmRegionHead *>(head_map)->signal;
+  path_ = bell_path(name);
+  ringer_ = ringer;
+  return true;
+}
+
+int PeerBell::request_ringback(const std::string &our_name) const {
+  if (page_ == nullptr) return -ENOTSUP;
+  const int rc = send_to_bell(ringer_, path_, our_name.c_str(), our_name.size() + 1);
+  if (rc == -ENOENT) return -ECONNREFUSED;
+  // Counted also when its queue was full: the peer then drains it on its
+  // next pass, and our next request finds room.
+  if (rc == 0 || rc == -EAGAIN) page_->requests.fetch_add(1, std::memory_order_seq_cst);
+  return rc;
+}
+
+int PeerBell::ring() const {
+  if (page_ == nullptr) return -ENOTSUP;
+  const int rc = send_to_bell(ringer_, path_, &kWake, 1);
+  return rc == -EAGAIN ? 0 : rc;  // its queue is full: it is readable already
+}
+
+}  // namespace gpusock::wire::fabric::shm

@@ -1,0 +1,173 @@
+// Bells: waking a sleeping fabric:shm endpoint from another process.
+//
+// libfabric 1.17's shm has no cross-process wake-up: a sender enqueues into
+// the receiver's region and sets the region's `signal` word, and the receiver
+// only notices when it next calls the provider. A bell adds what a sleeper
+// needs:
+//   - a page appended to the endpoint's own region file (shm maps only its
+//     total_size, so the page is ours; it goes with the region: shm unlinks
+//     the file on close, the sweep of dead processes' files removes it), with
+//     an `armed` word (the owner is about to sleep), a `requests` counter
+//     (ring-back requests, below) and a `closed` word (a listener that takes
+//     no more requests);
+//   - a UNIX datagram socket bound at /dev/shm/<endpoint name>.bell: the
+//     endpoint's wait_fd. A path, not the abstract namespace, so that a bell
+//     is reachable wherever the region is (same /dev/shm), whatever the
+//     network namespace. Removed on close and by the sweep (shm_names.h).
+//
+// Waking (no lost wake-up). The sleeper:  armed = 1; fence; look at its own
+// region's `signal` (and its other sources) -> something: do not sleep.
+// A peer, after a provider call that may have stored the sleeper's signal = 1
+// (seq_cst: shm does on every enqueue into a region and every response to
+// it; so after a post, and after a progress pass that consumed the sleeper's
+// commands):  fence; if armed and signal, exchange armed to 0 and send one
+// byte to the bell. Both sides put a seq_cst fence between their store and
+// their load, so in the single total order of those fences one of the two
+// loads comes after the other side's store: either the sleeper sees
+// signal = 1 and polls, or the peer sees armed = 1 (and the signal it
+// stored) and rings. Looking at the signal too means a peer that polls all
+// the time rings only when there is something to wake for; the exchange lets
+// one peer ring per sleep. The same holds for every other thing a sleeper
+// waits for that comes with a store to shared memory it re-checks after
+// arming: a dead peer (the watchdog's flag; the watchdog also rings), an
+// in-process peer gone (its `alive` flag; it rings its senders), a listener
+// closing (the `closed` word here).
+//
+// Ring-back. Some waits come with no store to the waiter's memory: a send
+// refused with -FI_EAGAIN until the peer progresses (shm's first message to a
+// peer waits for the peer to process shm's name exchange; a full command
+// queue waits for the peer to consume). The blocked sender, before sleeping,
+// sends its own endpoint name to the peer's bell and then increments the
+// peer's `requests`. The peer collects the names (before a progress pass)
+// and, after that pass, sends one byte to each. What the sender waited for
+// was enqueued before its request, so that pass has processed it. The
+// datagram also wakes a sleeping peer; a busy one sees `requests` move.
+// A request that cannot be delivered (ECONNREFUSED, ENOENT) means the peer
+// endpoint is gone.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace gpusock::wire::fabric::shm {
+
+constexpr size_t kBellPageSize = 4096;
+
+struct BellPage {
+  uint32_t magic;
+  uint32_t version;
+  alignas(64) std::atomic<uint32_t> armed;     // written by the owner and by waking senders
+  alignas(64) std::atomic<uint32_t> requests;  // ring-back requests sent so far
+  std::atomic<uint32_t> closed;                // a listener that takes no more requests
+};
+static_assert(sizeof(BellPage) <= kBellPageSize, "one page");
+
+// A socket to ring bells from (unbound, non-blocking, close-on-exec), or -1.
+int open_ringer();
+
+// One datagram from `ringer` to the bell at `path`: 0, or a negated errno
+// (-ECONNREFUSED / -ENOENT: nobody owns that bell any more; -EAGAIN: its queue
+// is full: readable already, but this datagram is not in it).
+int send_to_bell(int ringer, const std::string &path, const void *data, size_t len);
+
+// Our own bell. Not thread-safe: its endpoint serialises calls.
+class Bell {
+ public:
+  Bell() = default;
+  Bell(const Bell &) = delete;
+  Bell &operator=(const Bell &) = delete;
+  ~Bell();
+
+  // For region `name`, right after fi_enable and before the name is
+  // published. False: no bell (region layout not 1.17's, or out of
+  // resources); the endpoint then has no wait fd and never sleeps.
+  bool open(const std::string &name);
+  bool valid() const { return sock_ >= 0; }
+  int fd() const { return sock_; }
+
+  // Our region's `signal` word: shm has enqueued or responded to us and we
+  // have not progressed since. A load.
+  bool signalled() const { return signal_ != nullptr && __atomic_load_n(signal_, __ATOMIC_RELAXED) != 0; }
+  // Ring-back requests not yet collected, or collected and not yet served.
+  bool requests_pending() const {
+    return page_ != nullptr && page_->requests.load(std::memory_order_relaxed) != requests_seen_;
+  }
+  bool has_requesters() const { return !requesters_.empty(); }
+
+  // armed = 1, then a seq_cst fence: re-check everything after it.
+  void arm() {
+    page_->armed.store(1, std::memory_order_seq_cst);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+  }
+  void disarm() { page_->armed.store(0, std::memory_order_relaxed); }
+
+  // Read every datagram waiting: wake-ups, and ring-back requests (kept for
+  // serve_requests). True if there was any.
+  bool drain();
+  // Take the requests counted so far (call before a progress pass).
+  void collect_requests();
+  // Ring everyone whose request was collected (call after the pass).
+  void serve_requests(int ringer);
+  // No more sleeping here: set `closed`, serve every request, close and
+  // remove the socket (later requests fail: the sender learns we are gone).
+  void close_for_good(int ringer);
+
+ private:
+  int sock_ = -1;
+  std::string path_;
+  BellPage *page_ = nullptr;
+  void *head_map_ = nullptr;
+  const int32_t *signal_ = nullptr;
+  uint32_t requests_seen_ = 0;
+  std::vector<std::string> requesters_;
+};
+
+// A peer's bell, as its senders see it. Move-only.
+class PeerBell {
+ public:
+  PeerBell() = default;
+  PeerBell(const PeerBell &) = delete;
+  PeerBell &operator=(const PeerBell &) = delete;
+  PeerBell(PeerBell &&other) noexcept { *this = std::move(other); }
+  PeerBell &operator=(PeerBell &&other) noexcept;
+  ~PeerBell() { reset(); }
+
+  // Map endpoint `name`'s bell page and its region's head; rings go from
+  // `ringer`. False when that endpoint has no bell (it never sleeps then).
+  bool open(const std::string &name, int ringer);
+  void reset();
+  bool valid() const { return page_ != nullptr; }
+
+  // After a provider call that may have signalled the peer's region (a post,
+  // a progress pass): if it sleeps with something to do, wake it. A fence and
+  // a load unless it sleeps.
+  void wake_if_armed() const {
+    if (page_ == nullptr) return;
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (page_->armed.load(std::memory_order_relaxed) != 0 && __atomic_load_n(signal_, __ATOMIC_RELAXED) != 0 &&
+        page_->armed.exchange(0) != 0) {
+      ring();
+    }
+  }
+  // Ask the peer to ring `our_name`'s bell after its next progress pass.
+  // 0; -ENOTSUP (the peer has no bell); -ECONNREFUSED (its endpoint is gone);
+  // another negated errno (-EAGAIN: its queue is full) when the request could
+  // not go now.
+  int request_ringback(const std::string &our_name) const;
+  // The peer (a listener) takes no more requests.
+  bool closed() const { return page_ != nullptr && page_->closed.load(std::memory_order_relaxed) != 0; }
+  // One byte to the peer's bell.
+  int ring() const;
+
+ private:
+  BellPage *page_ = nullptr;
+  void *head_map_ = nullptr;
+  const int32_t *signal_ = nullptr;  // the peer region's
+  std::string path_;
+  int ringer_ = -1;
+};
+
+}  // namespace gpusock::wire::fabric::shm

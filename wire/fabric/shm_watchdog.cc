@@ -1,0 +1,229 @@
+#include "wire/fabric/shm_watchdog.h"
+
+#include "wire/fabric/fabric_common.h"
+#include "wire/fabric/shm_bell.h"
+
+#include <poll.h>
+#include <signal.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+namespace gpusock::wire::fabric::shm {
+namespace {
+
+constexpr uint64_t kStuckLockMs = 2000;
+// Our region's lock still held this long after its peer died, by a thread of
+// ours inside the provider: that thread is spinning on it, not holding it (a
+// progress pass holds it for microseconds).
+constexpr uint64_t kDeadHolderMs = 1000;
+constexpr int kWatchdogTickMs = 10;
+
+int pidfd_open(pid_t pid) { return static_cast<int>(syscall(SYS_pidfd_open, pid, 0)); }
+
+}  // namespace
+
+PeerWatch::~PeerWatch() {
+  if (pidfd >= 0) close(pidfd);
+}
+
+// --- PidWatch --------------------------------------------------------------------
+
+void PidWatch::watch(pid_t pid) {
+  reset();
+  if (pid <= 0 || pid == getpid()) return;  // our own process cannot die under us
+  pid_ = pid;
+  fd_ = pidfd_open(pid);
+}
+
+void PidWatch::reset() {
+  if (fd_ >= 0) close(fd_);
+  fd_ = -1;
+  pid_ = 0;
+}
+
+bool PidWatch::dead() const {
+  if (pid_ <= 0) return false;
+  if (fd_ >= 0) {
+    pollfd pfd{fd_, POLLIN, 0};
+    return ::poll(&pfd, 1, 0) > 0;
+  }
+  return kill(pid_, 0) != 0 && errno == ESRCH;
+}
+
+// --- ShmWatchdog -----------------------------------------------------------------
+
+ShmWatchdog::~ShmWatchdog() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  wake();
+  if (thread_.joinable()) thread_.join();
+  if (epfd_ >= 0) close(epfd_);
+  if (wakefd_ >= 0) close(wakefd_);
+  if (ringer_ >= 0) close(ringer_);
+}
+
+std::shared_ptr<PeerWatch> ShmWatchdog::watch_pid(pid_t pid, const std::vector<std::string> &regions,
+                                                  const std::string &wake_path) {
+  auto watch = std::make_shared<PeerWatch>();
+  watch->pid = pid;
+  watch->pidfd = pidfd_open(pid);
+  watch->wake_path = wake_path;
+  add_locks(watch.get(), regions);
+  return add(watch) ? watch : nullptr;
+}
+
+std::shared_ptr<PeerWatch> ShmWatchdog::watch_stuck(const std::string &region) {
+  auto watch = std::make_shared<PeerWatch>();
+  watch->stuck_mode = true;
+  add_locks(watch.get(), {region});
+  if (watch->locks.empty()) return nullptr;
+  return add(watch) ? watch : nullptr;
+}
+
+void ShmWatchdog::unwatch(const std::shared_ptr<PeerWatch> &watch) {
+  if (!watch) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto it = watches_.begin(); it != watches_.end(); ++it) {
+    if (*it == watch) {
+      if (watch->pidfd >= 0 && !watch->dead.load(std::memory_order_relaxed)) {
+        epoll_ctl(epfd_, EPOLL_CTL_DEL, watch->pidfd, nullptr);
+      }
+      watches_.erase(it);
+      return;
+    }
+  }
+}
+
+void ShmWatchdog::add_locks(PeerWatch *watch, const std::vector<std::string> &regions) {
+  for (const std::string &name : regions) {
+    auto region = std::make_unique<RegionLock>();
+    if (region->open(name)) watch->locks.push_back(std::move(region));
+  }
+}
+
+void ShmWatchdog::wake() {
+  if (wakefd_ < 0) return;
+  const uint64_t one = 1;
+  (void)!write(wakefd_, &one, sizeof(one));
+}
+
+bool ShmWatchdog::add(const std::shared_ptr<PeerWatch> &watch) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!started_) {
+    epfd_ = epoll_create1(EPOLL_CLOEXEC);
+    wakefd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    ringer_ = open_ringer();
+    if (epfd_ < 0 || wakefd_ < 0 || ringer_ < 0) return false;
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.ptr = nullptr;
+    if (epoll_ctl(epfd_, EPOLL_CTL_ADD, wakefd_, &ev) != 0) return false;
+    try {
+      thread_ = std::thread([this] { run(); });
+    } catch (...) {
+      return false;
+    }
+    started_ = true;
+  }
+  if (watch->pidfd >= 0) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.ptr = watch.get();
+    if (epoll_ctl(epfd_, EPOLL_CTL_ADD, watch->pidfd, &ev) != 0) return false;
+  }
+  watches_.push_back(watch);
+  if (watch->stuck_mode || watch->pidfd < 0) wake();  // switch the thread to ticking
+  return true;
+}
+
+// With mu_ held. The peer's lock is released at once (a thread of ours may
+// be spinning on it to enqueue); ours only as settle_own_lock says.
+void ShmWatchdog::fire(PeerWatch *watch) {
+  if (watch->dead.load(std::memory_order_relaxed)) return;
+  if (watch->pidfd >= 0) epoll_ctl(epfd_, EPOLL_CTL_DEL, watch->pidfd, nullptr);
+  // seq_cst, paired with the endpoint's seq_cst in_provider increment and
+  // dead load: either it sees dead and stays out, or we see it inside. The
+  // endpoint re-checks `dead` after arming its bell, so ringing after the
+  // store loses no sleeper.
+  watch->dead.store(true, std::memory_order_seq_cst);
+  if (!watch->wake_path.empty()) {
+    const char one = 1;
+    (void)send_to_bell(ringer_, watch->wake_path, &one, 1);
+  }
+  if (!watch->locks.empty() && watch->locks[0]->held()) watch->locks[0]->release();
+  if (watch->locks.size() > 1) {
+    watch->own_lock_pending = true;
+    watch->held_since_ms = coarse_ms();
+    settle_own_lock(watch);
+  }
+}
+
+// Our region's lock after its peer died. Free: nothing was torn. Held with
+// no thread of ours in the provider: the dead peer holds it, possibly over a
+// torn enqueue: drop what is pending, release. Held with one of ours inside:
+// it holds the lock (released in microseconds) or spins on the dead peer's
+// (held for kDeadHolderMs: treat as the dead peer's).
+void ShmWatchdog::settle_own_lock(PeerWatch *watch) {
+  if (!watch->own_lock_pending) return;
+  RegionLock &own = *watch->locks[1];
+  if (!own.held()) {
+    watch->own_lock_pending = false;
+    return;
+  }
+  if (watch->in_provider.load(std::memory_order_seq_cst) == 0 || coarse_ms() - watch->held_since_ms >= kDeadHolderMs) {
+    own.drop_pending_commands();
+    own.release();
+    watch->own_lock_pending = false;
+  }
+}
+
+void ShmWatchdog::run() {
+  epoll_event events[16];
+  for (;;) {
+    bool ticking = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stop_) return;
+      for (const auto &watch : watches_)
+        ticking = ticking || watch->stuck_mode || watch->pidfd < 0 || watch->own_lock_pending;
+    }
+    const int n = epoll_wait(epfd_, events, 16, ticking ? kWatchdogTickMs : -1);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_) return;
+    for (int i = 0; i < n; ++i) {
+      if (events[i].data.ptr == nullptr) {
+        uint64_t value;
+        (void)!read(wakefd_, &value, sizeof(value));
+        continue;
+      }
+      for (const auto &watch : watches_) {
+        if (watch.get() == events[i].data.ptr) fire(watch.get());
+      }
+    }
+    const uint64_t now = coarse_ms();
+    for (const auto &watch : watches_) {
+      settle_own_lock(watch.get());
+      if (watch->stuck_mode) {
+        if (!watch->locks[0]->held()) {
+          watch->held_since_ms = 0;
+        } else if (watch->held_since_ms == 0) {
+          watch->held_since_ms = now;
+        } else if (now - watch->held_since_ms >= kStuckLockMs) {
+          watch->locks[0]->release();
+          watch->held_since_ms = 0;
+        }
+      } else if (watch->pidfd < 0 && !watch->dead.load(std::memory_order_relaxed) && kill(watch->pid, 0) != 0 &&
+                 errno == ESRCH) {
+        fire(watch.get());
+      }
+    }
+  }
+}
+
+}  // namespace gpusock::wire::fabric::shm

@@ -1,0 +1,134 @@
+// Dead peers and the shm region locks they leave held (fabric:shm).
+//
+// Every shm region has a process-shared spinlock, taken by its owner while it
+// progresses and by every sender while it enqueues. A process SIGKILLed inside
+// such a section leaves the lock held for good, and the next fi_writedata,
+// fi_inject or fi_cq_read that needs it spins forever. A per-domain watchdog
+// thread watches each cross-process peer's pidfd; when the peer dies it marks
+// the connection dead, rings the endpoint's bell (shm_bell.h: a sleeper must
+// hear of it), and releases the locks of the two regions the connection uses
+// (the peer's and ours). After the peer's death only our endpoint's thread
+// touches those locks, so releasing them cannot break a live holder. Listener
+// regions take REQs from processes not yet known, so there the watchdog
+// releases the lock only when it stayed held for kStuckLockMs.
+//
+// Torn enqueues. A write with remote CQ data is two commands in the receiver's
+// queue (the write, then its RMA iov), committed one after the other under
+// the receiver's lock; shm's consumer takes the second as "the head after the
+// first" without checking that it was committed. A sender SIGKILLed between
+// the two commits leaves a write whose iov the consumer reads from a stale
+// slot; it then discards one slot more than was written, keeps walking stale
+// slots of earlier laps, and dies on the first stale name-exchange command
+// whose inject buffer has been reused (a NULL peer region: SIGSEGV in
+// fi_cq_read). So, once a peer is dead: our endpoint never calls
+// the provider on that connection again (poll, writes, control messages), and
+// when the dead peer died holding OUR region's lock (the only way an enqueue
+// can be torn), the watchdog drops what is pending in our command queue
+// before it releases that lock, for a thread of ours that was already
+// spinning on it inside fi_cq_read. It knows whether one was: the endpoint
+// marks its provider calls (PeerWatch::in_provider, ProviderCall).
+//
+// Reaching the lock needs shm's region layout (shm_region.h).
+#pragma once
+
+#include "wire/fabric/shm_region.h"
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace gpusock::wire::fabric::shm {
+
+// One watched peer (or, in stuck mode, one listener region). For a peer,
+// locks[0] is the peer's region, locks[1] (when there) our endpoint's.
+struct PeerWatch {
+  std::atomic<bool> dead{false};
+  // Threads of our endpoint inside a provider call on this connection.
+  std::atomic<int> in_provider{0};
+  pid_t pid = 0;
+  int pidfd = -1;
+  bool stuck_mode = false;
+  bool own_lock_pending = false;  // dead, and our region's lock not yet settled
+  uint64_t held_since_ms = 0;
+  std::string wake_path;  // the bell to ring when the peer dies
+  std::vector<std::unique_ptr<RegionLock>> locks;
+  ~PeerWatch();
+};
+
+// One provider call on a watched connection, marked for the watchdog (see
+// "Torn enqueues"): false, and no call may be made, once the peer is dead.
+class ProviderCall {
+ public:
+  ProviderCall(bool peer_died, const std::shared_ptr<PeerWatch> &watch) {
+    if (peer_died) {
+      ok_ = false;
+      return;
+    }
+    if (!watch) return;
+    watch_ = watch;
+    watch_->in_provider.fetch_add(1, std::memory_order_seq_cst);
+    ok_ = !watch_->dead.load(std::memory_order_seq_cst);
+  }
+  ~ProviderCall() {
+    if (watch_) watch_->in_provider.fetch_sub(1, std::memory_order_release);
+  }
+  ProviderCall(const ProviderCall &) = delete;
+  ProviderCall &operator=(const ProviderCall &) = delete;
+  explicit operator bool() const { return ok_; }
+
+ private:
+  std::shared_ptr<PeerWatch> watch_;  // kept: a call may replace the endpoint's watch
+  bool ok_ = true;
+};
+
+// Watches a peer process for its death without the watchdog (when its thread
+// could not start): polled.
+class PidWatch {
+ public:
+  ~PidWatch() { reset(); }
+  void watch(pid_t pid);
+  void reset();
+  bool active() const { return pid_ > 0; }
+  bool dead() const;
+
+ private:
+  pid_t pid_ = 0;
+  int fd_ = -1;
+};
+
+class ShmWatchdog {
+ public:
+  ~ShmWatchdog();
+
+  // When `pid` dies: mark the watch dead, ring the bell at `wake_path`, and
+  // release the regions' locks. nullptr if the watchdog cannot run.
+  std::shared_ptr<PeerWatch> watch_pid(pid_t pid, const std::vector<std::string> &regions,
+                                       const std::string &wake_path);
+  // Release `region`'s lock when it stays held for kStuckLockMs.
+  std::shared_ptr<PeerWatch> watch_stuck(const std::string &region);
+  void unwatch(const std::shared_ptr<PeerWatch> &watch);
+
+ private:
+  static void add_locks(PeerWatch *watch, const std::vector<std::string> &regions);
+  void wake();
+  bool add(const std::shared_ptr<PeerWatch> &watch);
+  void fire(PeerWatch *watch);
+  static void settle_own_lock(PeerWatch *watch);
+  void run();
+
+  std::mutex mu_;
+  std::thread thread_;
+  bool started_ = false;
+  bool stop_ = false;
+  int epfd_ = -1;
+  int wakefd_ = -1;
+  int ringer_ = -1;
+  std::vector<std::shared_ptr<PeerWatch>> watches_;
+};
+
+}  // namespace gpusock::wire::fabric::shm
