@@ -24,6 +24,13 @@ void Connection::on_driver_error(void *self, gs_status_t err, const char *why) {
     std::fprintf(stderr, "gpusock proxy: closing connection: %s (%s)\n", why, gs_status_name(err));
 }
 
+uint64_t Connection::turnaround_ns(Clock::time_point now) {
+  if (data_published_ == Clock::time_point{}) return 0;
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(now - data_published_).count();
+  data_published_ = {};
+  return ns > 0 ? static_cast<uint64_t>(ns) : 1;
+}
+
 void Connection::apply_gpu_positions(uint64_t send_tail, uint64_t recv_read) {
   const DriverState state = driver_.state();
   if (state != DriverState::kConnected && state != DriverState::kConnecting && state != DriverState::kAccepting)

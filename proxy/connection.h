@@ -68,6 +68,13 @@ class Connection {
   // left alone otherwise). True if it wrote.
   bool fill_inline_recv(channel::InlineRecv *out) const;
 
+  // GPU turnaround (ProxyStats): bytes for the GPU were published at `now`;
+  // and, when a request hands bytes to send, how long since (0: none pending).
+  void note_data_published(Clock::time_point now) {
+    if (data_published_ == Clock::time_point{}) data_published_ = now;
+  }
+  uint64_t turnaround_ns(Clock::time_point now);
+
   ConnSnapshot snapshot() const;
   DriverState state() const { return driver_.state(); }
   const BufferSet &buffers() const { return buffers_; }
@@ -81,6 +88,7 @@ class Connection {
   // The GPU's positions as applied to the core.
   uint64_t send_committed_ = 0;
   uint64_t recv_reported_ = 0;
+  Clock::time_point data_published_{};
 };
 
 }  // namespace gpusock::proxy

@@ -121,9 +121,10 @@ void Proxy::Impl::publish_slot(uint32_t index) {
   if (now.buffer != sh.buffer) publish(&st.buffer, now.buffer);
   if (now.recv_write != sh.recv_write) {
     // A small request or reply rides beside the status line (InlineRecv).
-    if (s.conn && s.conn->fill_inline_recv(&inline_recv_[index]))
+    if (s.conn && (ctx_.flags & kCtxInline) && s.conn->fill_inline_recv(&inline_recv_[index]))
       stat_inline_recvs_.fetch_add(1, std::memory_order_relaxed);
     publish(&st.recv_write, now.recv_write);
+    if (s.conn && now.recv_write > sh.recv_write) s.conn->note_data_published(Clock::now());
   }
   if (now.send_done != sh.send_done) publish(&st.send_done, now.send_done);
   if (now.accept_queued != sh.accept_queued) publish(&st.accept_queued, now.accept_queued);

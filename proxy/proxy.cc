@@ -115,6 +115,9 @@ gs_status_t Proxy::Impl::start(const ProxyOptions &options_in, MemoryResource *m
   ctx_.sbuf_size = options_.sbuf_size;
   ctx_.max_sockets = options_.max_sockets;
   ctx_.buffer_sets = sets;
+  const char *inline_env = std::getenv("GPUSOCK_GPU_INLINE");
+  if (inline_env && *inline_env) options_.inline_messages = std::atoi(inline_env) != 0;
+  ctx_.flags = options_.inline_messages ? kCtxInline : 0u;
 
   slots_.resize(options_.max_sockets);
   shadows_.resize(options_.max_sockets);
@@ -288,6 +291,8 @@ ProxyStats Proxy::stats() const {
   s.passes = impl_->stat_passes_.load();
   s.inline_sends = impl_->stat_inline_sends_.load();
   s.inline_recvs = impl_->stat_inline_recvs_.load();
+  s.turnaround_ns = impl_->stat_turnaround_ns_.load();
+  s.turnarounds = impl_->stat_turnarounds_.load();
   return s;
 }
 

@@ -63,6 +63,7 @@ class Proxy::Impl {
   std::string placement_;
   std::atomic<uint64_t> stat_requests_{0}, stat_connections_{0}, stat_full_laps_{0}, stat_no_buffer_{0};
   std::atomic<uint64_t> stat_orphans_{0}, stat_passes_{0}, stat_inline_sends_{0}, stat_inline_recvs_{0};
+  std::atomic<uint64_t> stat_turnaround_ns_{0}, stat_turnarounds_{0};
   int kernel_exited(int grid_status);
 
  private:

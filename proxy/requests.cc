@@ -75,6 +75,12 @@ void Proxy::Impl::handle(const Request &r) {
     stat_inline_sends_.fetch_add(1, std::memory_order_relaxed);
   }
   if (s.conn && r.op != kOpAccept) {
+    if ((r.op == kOpData || r.op == kOpDataInline) && r.send_tail > 0) {
+      if (const uint64_t ns = s.conn->turnaround_ns(Clock::now())) {
+        stat_turnaround_ns_.fetch_add(ns, std::memory_order_relaxed);
+        stat_turnarounds_.fetch_add(1, std::memory_order_relaxed);
+      }
+    }
     s.conn->apply_gpu_positions(r.send_tail, r.recv_read);
     activate(index);
   }

@@ -183,6 +183,10 @@ enum DeviceSocketFlags : uint32_t {
   kDevConnectedSeen = 1u << 5,  // kStConnected was seen: gsend may trust send_done_seen
 };
 
+enum ContextFlags : uint32_t {
+  kCtxInline = 1u << 0,  // small messages ride in requests and InlineRecv (off: through the rings)
+};
+
 // Everything a kernel needs, passed by value. Pointers are as the GPU sees
 // them (device pointers of host-mapped memory on CUDA; plain pointers on the
 // host backend).
@@ -203,6 +207,7 @@ struct DeviceContext {
   uint32_t sbuf_size = 0;
   uint32_t max_sockets = 0;
   uint32_t buffer_sets = 0;
+  uint32_t flags = kCtxInline;  // ContextFlags: the proxy's defaults; a kernel may get a copy with fewer
 };
 
 }  // namespace channel

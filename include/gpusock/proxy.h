@@ -63,6 +63,8 @@ struct ProxyOptions {
                                     // (-1: GPUSOCK_PROXY_LISTENER_POLL_US, else 20; 0: every pass)
   int close_flush_ms = 5000;        // how long a closed connection may take to flush
   bool quiet = false;               // do not print the memory placement line at start
+  bool inline_messages = true;      // small messages ride in requests and beside the status line
+                                    // (channel::kCtxInline; GPUSOCK_GPU_INLINE=0 turns it off)
 };
 
 struct ProxyStats {
@@ -74,6 +76,11 @@ struct ProxyStats {
   uint64_t passes = 0;             // proxy loop passes (ns per pass = elapsed / passes)
   uint64_t inline_sends = 0;       // small sends that rode in their request (kOpDataInline)
   uint64_t inline_recvs = 0;       // small arrivals copied beside the status line (InlineRecv)
+  // GPU turnaround: from publishing bytes that arrived for a socket to the
+  // GPU's next request that hands bytes to send on it (an echo's reply):
+  // what the GPU side adds to a request-reply exchange, seen from the proxy.
+  uint64_t turnaround_ns = 0;      // summed
+  uint64_t turnarounds = 0;
 };
 
 class Proxy {

@@ -73,10 +73,13 @@ GS_HD Plan recv_plan(const DeviceContext &c, int s, size_t want, bool dontwait, 
   prim::Backoff backoff;
   InlineView iv;
   for (;;) {
-    read_inline(c.inline_recv + s, &iv);  // in flight with the status line's loads
+    const bool use_inline = (c.flags & kCtxInline) != 0;
+    if (use_inline) read_inline(c.inline_recv + s, &iv);  // in flight with the status line's loads
     StatusView v = read_status(c, st);
-    if (const uint64_t n = take_inline(iv, d.recv_read, v.recv_write, want, inline_dst))
-      return Plan{static_cast<int64_t>(n), 0, 0};
+    if (use_inline) {
+      if (const uint64_t n = take_inline(iv, d.recv_read, v.recv_write, want, inline_dst))
+        return Plan{static_cast<int64_t>(n), 0, 0};
+    }
     const uint32_t state = v.state;
     const bool terminal = (state & (kStError | kStFailed | kStRecvClosed | kStHangup)) != 0;
     if (terminal && v.recv_write <= d.recv_read) {
@@ -187,7 +190,7 @@ GS_HD ssize_t send(const DeviceContext &c, int s, const void *buf, size_t len, i
     if (p.n < 0 || (p.n == 0 && len > 0))
       return done > 0 ? static_cast<ssize_t>(done) : static_cast<ssize_t>(p.n);
     if (len == 0) return 0;
-    if (done == 0 && len <= kInlineSendBytes && static_cast<size_t>(p.n) == len) {
+    if ((c.flags & kCtxInline) && done == 0 && len <= kInlineSendBytes && static_cast<size_t>(p.n) == len) {
       // A whole small message rides in the request (kOpDataInline): the proxy
       // writes it into the ring, so the GPU writes no ring byte and needs no
       // release fence. The plan's broadcast was the barrier after which the
