@@ -58,17 +58,21 @@ int wait_loop(const timespec *timeout, Check check, Sleep sleep) {
   const auto spin_until = start + std::chrono::microseconds(gs_spin_budget_us());
   const unsigned signals_before = t_signals;
   long backoff_us = 10;
+  // Every way out tells the library how long the wait took (its spin slot
+  // goes back, and the next spin adapts).
+  const auto done = [&](int result) {
+    gs_spin_record(static_cast<long>(std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start).count()));
+    return result;
+  };
   for (;;) {
     const int n = check();
-    if (n > 0) gs_spin_record(static_cast<long>(
-        std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start).count()));
-    if (n != 0) return n;
-    if (!forever && timeout->tv_sec == 0 && timeout->tv_nsec == 0) return 0;
+    if (n != 0) return done(n);
+    if (!forever && timeout->tv_sec == 0 && timeout->tv_nsec == 0) return done(0);
     const auto now = Clock::now();
-    if (now >= deadline) return 0;
+    if (now >= deadline) return done(0);
     if (t_signals != signals_before) {  // a handler ran while we spun
       errno = EINTR;
-      return -1;
+      return done(-1);
     }
     if (now < spin_until) {
       sched_yield();
@@ -86,7 +90,7 @@ int wait_loop(const timespec *timeout, Check check, Sleep sleep) {
       prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
       slack_set = true;
     }
-    if (sleep(forever ? nullptr : &until_ts, &step_ts) < 0) return -1;
+    if (sleep(forever ? nullptr : &until_ts, &step_ts) < 0) return done(-1);
     backoff_us = std::min(backoff_us * 2, kMaxSleepUs);
   }
 }

@@ -81,9 +81,12 @@ int gs_poll(struct pollfd *fds, nfds_t nfds, int timeout);
 int gs_wait_begin(const struct pollfd *fds, nfds_t nfds, struct pollfd *wait, nfds_t max);
 void gs_wait_end(const struct pollfd *fds, nfds_t nfds);
 /* The spin-then-sleep policy of gpusock's own waits, for code that waits
- * itself: how long this thread should spin before sleeping (microseconds),
- * and how long a finished wait took (a short one lets the next spin longer, a
- * long one halves it; GPUSOCK_BUSY_POLL_US is the ceiling). */
+ * itself: how long this thread should spin before sleeping (microseconds; it
+ * may take one of the process's spin slots, at most GPUSOCK_MAX_SPINNERS,
+ * by default half the cores, given back by gs_wait_begin or gs_spin_record),
+ * and how long a finished wait took (call it on every way out of the wait: a
+ * short one lets the next spin the whole ceiling, a long one halves it;
+ * GPUSOCK_BUSY_POLL_US is the ceiling). */
 long gs_spin_budget_us(void);
 void gs_spin_record(long waited_us);
 

@@ -208,6 +208,7 @@ int gs_fcntl(int fd, int cmd, ...) {
 }
 
 int gs_wait_begin(const struct pollfd *fds, nfds_t nfds, struct pollfd *wait, nfds_t max) {
+  gpusock::socket::SpinBudget::stop_spinning();  // about to sleep: the spin slot goes back
   return guarded([&]() -> int {
     std::vector<pollfd> out;
     const int waker = gpusock::socket::thread_waker_fd();
@@ -286,11 +287,11 @@ int gs_poll(struct pollfd *fds, nfds_t nfds, int timeout) {
           if ((fds[kernel_index[k]].revents = kernel[k].revents)) ++ready;
       }
       const auto now = Clock::now();
-      if (ready || timeout == 0) {
-        if (ready) gpusock::socket::SpinBudget::record(std::chrono::duration_cast<std::chrono::microseconds>(now - start).count());
+      const auto waited_us = std::chrono::duration_cast<std::chrono::microseconds>(now - start).count();
+      if (ready || timeout == 0 || now >= deadline) {
+        gpusock::socket::SpinBudget::record(waited_us);
         return ready;
       }
-      if (now >= deadline) return 0;
       if (now < spin_until) {
         gpusock::socket::spin_pause(step);
         continue;
@@ -303,7 +304,10 @@ int gs_poll(struct pollfd *fds, nfds_t nfds, int timeout) {
         n = gs_wait_begin(gs.data(), gs.size(), sleep_fds.data(), sleep_fds.size());
       }
       if (n == -EAGAIN) continue;  // a socket got ready meanwhile
-      if (n < 0) return finish(n);
+      if (n < 0) {
+        gpusock::socket::SpinBudget::record(waited_us);
+        return finish(n);
+      }
       sleep_fds.resize(static_cast<size_t>(n));
       int64_t timeout_us = deadline == Clock::time_point::max()
                                ? -1
@@ -315,7 +319,10 @@ int gs_poll(struct pollfd *fds, nfds_t nfds, int timeout) {
       sleep_fds.insert(sleep_fds.end(), kernel.begin(), kernel.end());
       const int slept = gpusock::socket::sleep_on(sleep_fds, timeout_us);
       if (!gs.empty()) gs_wait_end(gs.data(), gs.size());
-      if (slept == -EINTR) return finish(-EINTR);
+      if (slept == -EINTR) {
+        gpusock::socket::SpinBudget::record(waited_us);
+        return finish(-EINTR);
+      }
     }
   });
 }

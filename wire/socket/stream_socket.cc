@@ -331,7 +331,10 @@ int StreamSocket::wait_locked(std::unique_lock<std::mutex> &lock, Pred ready, in
       SpinBudget::record(std::chrono::duration_cast<std::chrono::microseconds>(now - start).count());
       return 0;
     }
-    if (now >= deadline) return -EAGAIN;
+    if (now >= deadline) {
+      SpinBudget::record(std::chrono::duration_cast<std::chrono::microseconds>(now - start).count());
+      return -EAGAIN;
+    }
     if (now < spin_until) {
       lock.unlock();
       spin_pause(step);
@@ -350,12 +353,16 @@ int StreamSocket::wait_locked(std::unique_lock<std::mutex> &lock, Pred ready, in
       timeout_us = timeout_us < 0 ? no_fd_step_us(sleeps) : std::min(timeout_us, no_fd_step_us(sleeps));
     ++sleeps;
     sleepers_.add(waker);
+    SpinBudget::stop_spinning();
     lock.unlock();
     const int n = sleep_on(fds, timeout_us);  // a signal interrupts a blocking call, as the kernel's would
     lock.lock();
     sleepers_.remove(waker);
     if (fds.back().revents) drain_thread_waker();
-    if (n == -EINTR) return -EINTR;
+    if (n == -EINTR) {
+      SpinBudget::record(std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start).count());
+      return -EINTR;
+    }
   }
 }
 

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <ctime>
@@ -21,6 +22,8 @@ struct Waker {
 
 thread_local Waker t_waker;
 thread_local int64_t t_spin_us = -1;  // -1: not yet set (starts at the ceiling)
+thread_local bool t_spinning = false;  // holds one of the process's spin slots
+std::atomic<int> g_spinners{0};
 
 int64_t env_or(const char *name, int64_t fallback) {
   const char *v = std::getenv(name);
@@ -81,11 +84,28 @@ int64_t SpinBudget::ceiling_us() {
 }
 
 int64_t SpinBudget::next_us() {
+  static const int max_spinners = [] {
+    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    return static_cast<int>(std::max<int64_t>(1, env_or("GPUSOCK_MAX_SPINNERS", std::max(1L, cores / 2))));
+  }();
   if (t_spin_us < 0) t_spin_us = ceiling_us();
+  if (t_spin_us == 0 || t_spinning) return t_spin_us;
+  if (g_spinners.fetch_add(1, std::memory_order_relaxed) >= max_spinners) {
+    g_spinners.fetch_sub(1, std::memory_order_relaxed);
+    return 0;  // enough threads spin already: sleep at once
+  }
+  t_spinning = true;
   return t_spin_us;
 }
 
+void SpinBudget::stop_spinning() {
+  if (!t_spinning) return;
+  g_spinners.fetch_sub(1, std::memory_order_relaxed);
+  t_spinning = false;
+}
+
 void SpinBudget::record(int64_t waited_us) {
+  stop_spinning();
   const int64_t ceiling = ceiling_us();
   t_spin_us = waited_us <= ceiling ? ceiling : next_us() / 2;
 }

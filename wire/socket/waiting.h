@@ -50,11 +50,16 @@ int sleep_on(std::vector<pollfd> &fds, int64_t timeout_us);
 // How long this thread spins before it sleeps. It adapts: a wait that ended
 // within the ceiling (it would have ended in a spin) lets the next ones spin
 // the whole ceiling, a longer one halves it, so a ping-pong keeps spinning
-// and an idle or oversubscribed thread soon sleeps at once. The ceiling is
-// GPUSOCK_BUSY_POLL_US, else a default by core count (0 with 1 core).
+// and an idle thread soon sleeps at once. The ceiling is GPUSOCK_BUSY_POLL_US,
+// else a default by core count (0 with 1 core). And at most half the cores
+// spin at once in a process (GPUSOCK_MAX_SPINNERS): a thread that finds them
+// taken sleeps at once, so a hundred blocked threads never spin a machine
+// down (a spin slot is held from next_us() until the thread sleeps or the
+// wait ends).
 class SpinBudget {
  public:
   static int64_t next_us();
+  static void stop_spinning();  // this thread is about to sleep
   static void record(int64_t waited_us);
   static int64_t ceiling_us();
 };
