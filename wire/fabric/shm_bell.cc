@@ -161,9 +161,11 @@ PeerBell &PeerBell::operator=(PeerBell &&other) noexcept {
     signal_ = other.signal_;
     path_ = std::move(other.path_);
     ringer_ = other.ringer_;
+    connected_ = other.connected_;
     other.page_ = nullptr;
     other.head_map_ = nullptr;
     other.signal_ = nullptr;
+    other.connected_ = -1;
   }
   return *this;
 }
@@ -171,9 +173,11 @@ PeerBell &PeerBell::operator=(PeerBell &&other) noexcept {
 void PeerBell::reset() {
   if (page_ != nullptr) munmap(page_, kBellPageSize);
   if (head_map_ != nullptr) munmap(head_map_, kBellPageSize);
+  if (connected_ >= 0) close(connected_);
   page_ = nullptr;
   head_map_ = nullptr;
   signal_ = nullptr;
+  connected_ = -1;
 }
 
 bool PeerBell::open(const std::string &name, int ringer) {
@@ -209,7 +213,28 @@ int PeerBell::request_ringback(const std::string &our_name) const {
 
 int PeerBell::ring() const {
   if (page_ == nullptr) return -ENOTSUP;
-  const int rc = send_to_bell(ringer_, path_, &kWake, 1);
+  if (connected_ < 0) {
+    sockaddr_un addr;
+    socklen_t addr_len = 0;
+    const int sock = open_ringer();
+    if (sock >= 0 && make_address(path_, &addr, &addr_len) &&
+        connect(sock, reinterpret_cast<sockaddr *>(&addr), addr_len) == 0) {
+      connected_ = sock;
+    } else if (sock >= 0) {
+      close(sock);
+    }
+  }
+  int rc = -ENOTCONN;
+  if (connected_ >= 0) {
+    while ((rc = send(connected_, &kWake, 1, MSG_DONTWAIT | MSG_NOSIGNAL)) < 0 && errno == EINTR) {
+    }
+    rc = rc >= 0 ? 0 : -errno;
+    if (rc == -ECONNREFUSED || rc == -ENOTCONN) {  // its bell was made again: by path from now on
+      close(connected_);
+      connected_ = -1;
+    }
+  }
+  if (connected_ < 0) rc = send_to_bell(ringer_, path_, &kWake, 1);
   return rc == -EAGAIN ? 0 : rc;  // its queue is full: it is readable already
 }
 

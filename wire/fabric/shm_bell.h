@@ -167,6 +167,10 @@ class PeerBell {
   void *head_map_ = nullptr;
   const int32_t *signal_ = nullptr;  // the peer region's
   std::string path_;
+  // A socket connected to the peer's bell, made at the first ring: a ring is
+  // then one send() (a sendto by path walks the path every time, which costs
+  // a busy server more than the rest of its reply).
+  mutable int connected_ = -1;
   int ringer_ = -1;
 };
 

@@ -453,6 +453,9 @@ ssize_t StreamSocket::recv(const iovec *iov, int iovcnt, int flags) {
   const bool peek = flags & MSG_PEEK;
   const bool waitall = (flags & MSG_WAITALL) && !peek;
   const bool dontwait = nonblocking_ || (flags & MSG_DONTWAIT);
+  // Nothing here yet: take what has arrived (no thread moves an idle socket
+  // for us; a non-blocking reader that never polls must still see its data).
+  if (conn_.core().recv_available() == 0) progress_locked();
   size_t done = 0;
   for (;;) {
     if (peek) {  // copy without consuming, across the ring's wrap
@@ -489,13 +492,22 @@ ssize_t StreamSocket::send(const iovec *iov, int iovcnt, int flags) {
   if (int rc = ready_for_data_locked(lock, flags); rc < 0) return rc;
   const bool dontwait = nonblocking_ || (flags & MSG_DONTWAIT);
   size_t done = 0;
+  bool progressed = false;
   for (;;) {
     const int status = conn_.core().send_status();
     if (status < 0) return done > 0 ? static_cast<ssize_t>(done) : status;
     if (total == 0) return 0;  // §2.8: nothing goes on the wire
     while (done < total) {
       uint32_t offset;
-      const uint32_t space = conn_.core().send_space(&offset);
+      uint32_t space = conn_.core().send_space(&offset);
+      if (space == 0 && !progressed) {
+        // The ring is full of bytes the transport may be done with: take its
+        // completions before saying so (no thread moves an idle socket for
+        // us; a non-blocking sender that never polls must see the room).
+        progress_locked();
+        progressed = true;
+        space = conn_.core().send_space(&offset);
+      }
       if (space == 0) break;
       const size_t n = std::min<size_t>(space, total - done);
       copy_iov(iov, iovcnt, done, conn_.sbuf() + offset, n, false);
