@@ -157,8 +157,7 @@ int run_client(int port) {
         bool ok;
         if (coin(rng) < g_opt.get_ratio) {
           req = "get key:" + std::to_string(k) + "\r\n";
-          ok = write_all(fd, req.data(), req.size()) && read_reply(fd, buf, "END\r\n") &&
-               buf.size() > value.size();
+          ok = write_all(fd, req.data(), req.size()) && read_reply(fd, buf, "END\r\n") && buf.size() > value.size();
         } else {
           ok = set(k);
         }
@@ -198,7 +197,9 @@ int run_client(int port) {
     return 1;
   }
   std::sort(all.begin(), all.end());
-  auto pct = [&](double p) { return all[std::min(all.size() - 1, static_cast<size_t>(p * static_cast<double>(all.size())))]; };
+  auto pct = [&](double p) {
+    return all[std::min(all.size() - 1, static_cast<size_t>(p * static_cast<double>(all.size())))];
+  };
   std::fprintf(stdout, "result ops %ld seconds %.6f p50 %.2f p90 %.2f p99 %.2f p999 %.2f max %.2f\n", total, secs,
                pct(0.50), pct(0.90), pct(0.99), pct(0.999), all.back());
   return 0;
@@ -242,8 +243,19 @@ void BM_Memcached(benchmark::State &state, std::string transport, int port) {
     env.push_back("GPUSOCK_TRANSPORT=" + transport);
   }
   for (auto _ : state) {
-    std::vector<std::string> server = {g_opt.memcached, "-U", "0", "-l", "127.0.0.1", "-p", std::to_string(port),
-                                       "-t", std::to_string(g_opt.server_threads), "-m", "256", "-c", "1024"};
+    std::vector<std::string> server = {g_opt.memcached,
+                                       "-U",
+                                       "0",
+                                       "-l",
+                                       "127.0.0.1",
+                                       "-p",
+                                       std::to_string(port),
+                                       "-t",
+                                       std::to_string(g_opt.server_threads),
+                                       "-m",
+                                       "256",
+                                       "-c",
+                                       "1024"};
     if (geteuid() == 0) {
       server.push_back("-u");
       server.push_back("root");
@@ -256,7 +268,9 @@ void BM_Memcached(benchmark::State &state, std::string transport, int port) {
     }
     char fmt[64];
     std::snprintf(fmt, sizeof fmt, "%g", g_opt.seconds);
-    std::vector<std::string> client = {self_exe(), "--client=" + std::to_string(port), "--seconds=" + std::string(fmt),
+    std::vector<std::string> client = {self_exe(),
+                                       "--client=" + std::to_string(port),
+                                       "--seconds=" + std::string(fmt),
                                        "--clients=" + std::to_string(g_opt.clients),
                                        "--value-size=" + std::to_string(g_opt.value_size),
                                        "--get-ratio=" + std::to_string(g_opt.get_ratio)};

@@ -196,9 +196,13 @@ std::vector<Run> run_pair(const Case &c, const Settings &s, int windows) {
   const int port = gpusock::test::free_port();
   const double seconds = c.measure == "rtt" ? s.rtt_seconds : s.conn_seconds;
   auto args = [&](const char *role) {
-    return std::vector<std::string>{role, c.measure, "--transport", c.transport, "--port", std::to_string(port),
-                                    "--conns", std::to_string(c.conns), "--seconds", std::to_string(seconds),
-                                    "--samples", std::to_string(s.wake_samples), "--windows", std::to_string(windows)};
+    return std::vector<std::string>{role,          c.measure,
+                                    "--transport", c.transport,
+                                    "--port",      std::to_string(port),
+                                    "--conns",     std::to_string(c.conns),
+                                    "--seconds",   std::to_string(seconds),
+                                    "--samples",   std::to_string(s.wake_samples),
+                                    "--windows",   std::to_string(windows)};
   };
   const std::string self = gpusock::test::self_binary();
   const double answer_s = seconds + 120;  // set-up of 1,000 connections included
@@ -323,8 +327,7 @@ int run_suite(const Settings &s) {
             const Run &r = runs[w];
             if (r.error.empty()) o.runs.push_back(r);
             else if (o.error.empty()) o.error = r.error;
-            std::printf("bench_sockets: %s run %zu/%d: %s\n", c.name().c_str(), rep + w,
-                        std::max(reps, windows),
+            std::printf("bench_sockets: %s run %zu/%d: %s\n", c.name().c_str(), rep + w, std::max(reps, windows),
                         r.error.empty() ? json_values(r.values, r.notes).c_str() : ("FAILED: " + r.error).c_str());
           }
           std::fflush(stdout);

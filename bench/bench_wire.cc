@@ -46,10 +46,10 @@
 namespace {
 
 using namespace gpusock::test;  // Clock, Deadline, free_port, loopback, PeerProcess, sibling_binary
-using gpusock::wire::Completion;
-using gpusock::wire::CompletionKind;
 using gpusock::wire::CmEvent;
 using gpusock::wire::CmEventKind;
+using gpusock::wire::Completion;
+using gpusock::wire::CompletionKind;
 using gpusock::wire::ConnectionRequest;
 using gpusock::wire::Domain;
 using gpusock::wire::Endpoint;
@@ -57,7 +57,7 @@ using gpusock::wire::Listener;
 using gpusock::wire::MemoryRegion;
 using gpusock::wire::WriteRequest;
 
-constexpr uint64_t kBurstBytes = 16ull << 20;  // bandwidth: bytes per acknowledged batch
+constexpr uint64_t kBurstBytes = 16ull << 20;   // bandwidth: bytes per acknowledged batch
 constexpr uint64_t kRoundTripsPerBatch = 1000;  // socket rtt: round trips per drive command
 constexpr double kStartTimeoutS = 20;
 
@@ -111,8 +111,10 @@ class SocketPeer : public Peer {
     int sink_port = free_port(&holders);
     release_ports(&holders);
     std::string exe = gs_echo_path();
-    std::vector<std::string> common = {"--transport", transport, "--addr", "127.0.0.1", "--port",
-                                       std::to_string(echo_port), "--sink-port", std::to_string(sink_port)};
+    std::vector<std::string> common = {"--transport", transport,
+                                       "--addr",      "127.0.0.1",
+                                       "--port",      std::to_string(echo_port),
+                                       "--sink-port", std::to_string(sink_port)};
     std::vector<std::string> server_args = {"server"};
     server_args.insert(server_args.end(), common.begin(), common.end());
     if (!server_.spawn(exe, server_args, {.out = true}, error)) return false;
@@ -262,10 +264,11 @@ int run_raw_server(const std::string &spec, int port) {
       }
       std::memcpy(&c->peer, request->private_data(), sizeof c->peer);
       rc = domain->create_endpoint(request.get(), &c->ep);
-      if (rc == 0) rc = domain->register_memory(c->sink_mem.data(), c->sink_mem.size(),
-                                                gpusock::wire::kAccessRemoteWrite, &c->sink);
-      if (rc == 0) rc = domain->register_memory(c->reply_mem.data(), c->reply_mem.size(),
-                                                gpusock::wire::kAccessLocal, &c->reply);
+      if (rc == 0)
+        rc = domain->register_memory(c->sink_mem.data(), c->sink_mem.size(), gpusock::wire::kAccessRemoteWrite,
+                                     &c->sink);
+      if (rc == 0)
+        rc = domain->register_memory(c->reply_mem.data(), c->reply_mem.size(), gpusock::wire::kAccessLocal, &c->reply);
       // Receives go up before accepting so the first write finds one.
       if (rc == 0) c->recvs_posted = c->ep->post_recv(kServerRecvDepth) == 0;
       RawRecord mine{c->sink.remote_addr, c->sink.rkey, static_cast<uint32_t>(kRawSinkBytes)};
@@ -364,7 +367,8 @@ class RawPeer : public Peer {
     int port = free_port(&holders);
     release_ports(&holders);
     // Spawn first: nothing of libfabric is touched here before the child exists.
-    if (!server_.spawn(sibling_binary("bench_wire"), {"--raw-server", spec, std::to_string(port)}, {.out = true}, error))
+    if (!server_.spawn(sibling_binary("bench_wire"), {"--raw-server", spec, std::to_string(port)}, {.out = true},
+                       error))
       return false;
     std::string line;
     if (!server_.read_line(&line, kStartTimeoutS) || line != "ready") {
@@ -502,8 +506,8 @@ class RawPeer : public Peer {
 void set_rtt_counters(benchmark::State &state, uint64_t round_trips) {
   state.SetItemsProcessed(static_cast<int64_t>(round_trips));
   // Seconds per round trip (the inverse of round trips per second).
-  state.counters["rtt"] = benchmark::Counter(static_cast<double>(round_trips),
-                                             benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+  state.counters["rtt"] =
+      benchmark::Counter(static_cast<double>(round_trips), benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
 }
 
 // Every iteration moved `count` messages of `size` bytes.
@@ -602,21 +606,28 @@ void register_benchmarks() {
     std::string t = g.transport;
     benchmark::RegisterBenchmark((std::string("rtt/") + g.name).c_str(),
                                  [t](benchmark::State &s) { BM_SocketRtt(s, t); })
-        ->Arg(64)->UseManualTime()->Unit(benchmark::kMicrosecond);
+        ->Arg(64)
+        ->UseManualTime()
+        ->Unit(benchmark::kMicrosecond);
     for (int64_t size : sizes)
       benchmark::RegisterBenchmark((std::string("bw/") + g.name).c_str(),
                                    [t](benchmark::State &s) { BM_SocketBandwidth(s, t); })
-          ->Arg(size)->UseManualTime()->Unit(benchmark::kMillisecond);
+          ->Arg(size)
+          ->UseManualTime()
+          ->Unit(benchmark::kMillisecond);
   };
   auto raw_group = [&](const Group &g) {
     std::string t = g.transport;
-    benchmark::RegisterBenchmark((std::string("rtt/") + g.name).c_str(),
-                                 [t](benchmark::State &s) { BM_RawRtt(s, t); })
-        ->Arg(64)->UseRealTime()->Unit(benchmark::kMicrosecond);
+    benchmark::RegisterBenchmark((std::string("rtt/") + g.name).c_str(), [t](benchmark::State &s) { BM_RawRtt(s, t); })
+        ->Arg(64)
+        ->UseRealTime()
+        ->Unit(benchmark::kMicrosecond);
     for (int64_t size : sizes)
       benchmark::RegisterBenchmark((std::string("bw/") + g.name).c_str(),
                                    [t](benchmark::State &s) { BM_RawBandwidth(s, t); })
-          ->Arg(size)->UseRealTime()->Unit(benchmark::kMillisecond);
+          ->Arg(size)
+          ->UseRealTime()
+          ->Unit(benchmark::kMillisecond);
   };
   for (int i = 0; i < 2; ++i) {
     socket_group(socket_groups[i]);

@@ -230,9 +230,7 @@ void set_nodelay(const SockApi &api, int fd) {
 
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
+double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
 volatile std::sig_atomic_t g_stop = 0;
 
@@ -308,8 +306,7 @@ int open_listener(const SockApi &api, const std::string &addr, int port, int *bo
   }
   sockaddr_in local{};
   socklen_t len = sizeof local;
-  *bound_port = api.getsockname(fd, reinterpret_cast<sockaddr *>(&local), &len) == 0 ? ntohs(local.sin_port)
-                                                                                     : port;
+  *bound_port = api.getsockname(fd, reinterpret_cast<sockaddr *>(&local), &len) == 0 ? ntohs(local.sin_port) : port;
   return fd;
 }
 
@@ -376,8 +373,8 @@ int run_server(const Options &options) {
     if (sink_fd < 0) return 1;
   }
   // bench_wire and scripts/demo wait for this line.
-  std::printf("gs_echo server: %s, listening: echo on %s:%d, sink on %s:%d\n", label.c_str(),
-              options.addr.c_str(), echo_port, options.addr.c_str(), sink_port);
+  std::printf("gs_echo server: %s, listening: echo on %s:%d, sink on %s:%d\n", label.c_str(), options.addr.c_str(),
+              echo_port, options.addr.c_str(), sink_port);
   std::fflush(stdout);
 
   std::vector<pollfd> fds = {{echo_fd, POLLIN, 0}};
@@ -621,10 +618,11 @@ int run_client(const Options &options) {
       std::fprintf(stderr, "gs_echo client: non-blocking: %s\n", describe(api, rc).c_str());
       status = 1;
     } else {
-      std::printf("bandwidth: through the echo connection (no sink port), bytes counted both ways, every byte checked\n");
+      std::printf(
+          "bandwidth: through the echo connection (no sink port), bytes counted both ways, every byte checked\n");
     }
   }
-  for (size_t size : with_bw && status == 0 ? options.sizes : std::vector<size_t>{}) {
+  for (size_t size : with_bw &&status == 0 ? options.sizes : std::vector<size_t>{}) {
     uint64_t count = burst_count(size);
     // Echo bursts are shorter (the echo doubles the bytes on the wire) and
     // count both directions.
@@ -638,8 +636,7 @@ int run_client(const Options &options) {
       long rc = echo_bw ? echo_stream(api, fd, data.data(), size, size * echo_count, echo_in.data())
                         : sink_burst(api, sink_fd, data.data(), size, count);
       if (rc < 0) {
-        std::fprintf(stderr, "gs_echo client: streaming %s: %s\n", size_name(size).c_str(),
-                     describe(api, rc).c_str());
+        std::fprintf(stderr, "gs_echo client: streaming %s: %s\n", size_name(size).c_str(), describe(api, rc).c_str());
         status = 1;
         break;
       }
@@ -706,7 +703,9 @@ int run_drive(const Options &options) {
     }
     auto t1 = Clock::now();
     if (rc < 0) std::printf("error %s\n", describe(api, rc).c_str());
-    else std::printf("ok %lld\n", static_cast<long long>(std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count()));
+    else
+      std::printf("ok %lld\n",
+                  static_cast<long long>(std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count()));
     std::fflush(stdout);
   }
   if (sink_fd >= 0) api.close(sink_fd);

@@ -284,7 +284,8 @@ int client_rtt(const RoleOptions &o) {
   const Deadline warmup(std::min(0.2, o.seconds / 2));
   for (Stopwatch total; total.seconds() < o.seconds;) {
     const Stopwatch one;
-    if (!send_all<Api>(fd, out, sizeof out, &err) || !recv_all<Api>(fd, in, sizeof in, &err)) fail<Api>("round trip", err);
+    if (!send_all<Api>(fd, out, sizeof out, &err) || !recv_all<Api>(fd, in, sizeof in, &err))
+      fail<Api>("round trip", err);
     if (warmup.passed()) us.push_back(one.ns() / 1e3);
   }
   Api::close(fd);
@@ -352,7 +353,8 @@ int client_conns(const RoleOptions &o) {
     if (window < 0 ? t >= warmup_s : t - window_start >= o.seconds) {
       if (window >= 0) {
         char extra[96];
-        std::snprintf(extra, sizeof extra, " round_trips_per_s %.1f", static_cast<double>(us.size()) / (t - window_start));
+        std::snprintf(extra, sizeof extra, " round_trips_per_s %.1f",
+                      static_cast<double>(us.size()) / (t - window_start));
         print_summary(summarize(us), extra);
       }
       if (++window == o.windows) break;

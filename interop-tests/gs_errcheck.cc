@@ -78,8 +78,8 @@ int main(int argc, char **argv) {
               call.c_str(), rc < 0 ? errname(rc) : "0 (success)", err_after ? errname(err_after) : "0", dt,
               so_error ? errname(so_error) : "0", le.c_str());
   if (!pass) {
-    std::printf(" [wanted: status in {%s}, errno == -status%s%s%s]", expect.c_str(), msg.empty() ? "" : ", gs_last_error containing \"",
-                msg.c_str(), msg.empty() ? "" : "\"");
+    std::printf(" [wanted: status in {%s}, errno == -status%s%s%s]", expect.c_str(),
+                msg.empty() ? "" : ", gs_last_error containing \"", msg.c_str(), msg.empty() ? "" : "\"");
   }
   std::printf("\n");
   if (fd >= 0) gs_close(fd);

@@ -43,10 +43,10 @@ namespace w = gpusock::wire;
 
 namespace {
 
-constexpr uint32_t kHalf = 4096;              // our declared ring: 2 halves of 4 KiB
-constexpr uint32_t kCanary = 8192;            // registered memory right behind it
+constexpr uint32_t kHalf = 4096;    // our declared ring: 2 halves of 4 KiB
+constexpr uint32_t kCanary = 8192;  // registered memory right behind it
 constexpr uint8_t kCanaryByte = 0xC5;
-constexpr uint16_t kCredits = 64;             // data credits we grant (our rq depth)
+constexpr uint16_t kCredits = 64;  // data credits we grant (our rq depth)
 constexpr uint32_t kRecvPosts = kCredits + 4 + 64;
 
 std::string g_case;
@@ -205,13 +205,14 @@ int run_client(const std::string &kase, const sockaddr_in &addr, double wait_s) 
     finish(false, "expected a reject, got CM event kind %d status %s", static_cast<int>(ev.kind), errname(ev.status));
   }
   if (ev.kind != w::CmEventKind::kEstablished)
-    finish(false, "connect did not complete: CM event kind %d status %s", static_cast<int>(ev.kind), errname(ev.status));
+    finish(false, "connect did not complete: CM event kind %d status %s", static_cast<int>(ev.kind),
+           errname(ev.status));
   w::RecordError why;
   if (w::decode_conn_record(ev.peer_private_data, ev.peer_private_len, &p.victim, &why) < 0)
     finish(false, "the victim's record is invalid: %s", w::record_error_text(why));
   const bool victim_be = (p.victim.flags & w::kConnFlagNet) != 0;
-  std::printf("hostile: connected; victim grants %u credits, first half %u bytes at 0x%" PRIx64 "\n",
-              p.victim.credits, p.victim.data_buf.length, p.victim.data_buf.addr);
+  std::printf("hostile: connected; victim grants %u credits, first half %u bytes at 0x%" PRIx64 "\n", p.victim.credits,
+              p.victim.data_buf.length, p.victim.data_buf.addr);
   sleep_ms(200);  // let the victim's first advert and credit update arrive
   p.drain();
 
@@ -263,7 +264,8 @@ int run_client(const std::string &kase, const sockaddr_in &addr, double wait_s) 
                 "; we posted %d write(s); our transport reported %d write completion(s) (%d failed, %d with a token "
                 "we never used) and %d received immediate(s) (%d failed)",
                 p.writes_posted, p.writes_done, p.write_errors, p.unknown_token, p.recvs, p.recv_errors);
-  if (!canary) finish(false, "%s: the victim WROTE OUTSIDE our declared ring (canary byte %zu changed)%s", did.c_str(), bad, tail);
+  if (!canary)
+    finish(false, "%s: the victim WROTE OUTSIDE our declared ring (canary byte %zu changed)%s", did.c_str(), bad, tail);
   if (after.kind != w::CmEventKind::kDisconnected)
     finish(false, "%s: the victim did not close the connection within %.0fs (CM event kind %d)%s", did.c_str(), wait_s,
            static_cast<int>(after.kind), tail);

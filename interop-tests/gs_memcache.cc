@@ -155,7 +155,8 @@ int client(const Args &a) {
     bool miss = false;
     if (!get_one(c, key, &got, &miss)) return 1;
     if (miss) return failf("get %s: miss right after set", key.c_str()), 1;
-    if (got != v) return failf("get %s: value differs (fnv %016" PRIx64 " != %016" PRIx64 ")", key.c_str(), fnv(got), fnv(v)), 1;
+    if (got != v)
+      return failf("get %s: value differs (fnv %016" PRIx64 " != %016" PRIx64 ")", key.c_str(), fnv(got), fnv(v)), 1;
     if (!c.send_str("delete " + key + "\r\n") || !expect_line(c, "DELETED", "delete")) return 1;
     if (!get_one(c, key, &got, &miss)) return 1;
     if (!miss) return failf("get %s after delete: still there", key.c_str()), 1;

@@ -160,26 +160,54 @@ int main(int argc, char **argv) {
   int op;
   while ((op = getopt(argc, argv, "s:b:p:S:C:I:B:T:i:W")) != -1) {
     switch (op) {
-      case 's': g_dst = optarg; break;
-      case 'b': g_src = optarg; break;
-      case 'p': g_port = std::atoi(optarg); break;
-      case 'S': g_size = std::atol(optarg); break;
-      case 'C': g_count = std::atol(optarg); break;
-      case 'I': g_iters = std::atol(optarg); break;
-      case 'B': g_bufsize = std::atol(optarg); break;
-      case 'i': break;  // inline size: rstream's custom mode leaves it at the default
-      case 'W': g_wait_peer_close = true; break;
+      case 's':
+        g_dst = optarg;
+        break;
+      case 'b':
+        g_src = optarg;
+        break;
+      case 'p':
+        g_port = std::atoi(optarg);
+        break;
+      case 'S':
+        g_size = std::atol(optarg);
+        break;
+      case 'C':
+        g_count = std::atol(optarg);
+        break;
+      case 'I':
+        g_iters = std::atol(optarg);
+        break;
+      case 'B':
+        g_bufsize = std::atol(optarg);
+        break;
+      case 'i':
+        break;  // inline size: rstream's custom mode leaves it at the default
+      case 'W':
+        g_wait_peer_close = true;
+        break;
       case 'T':
         switch (optarg[0]) {
-          case 'a': g_async = true; break;
-          case 'b': g_flags = (g_flags & ~MSG_DONTWAIT) | MSG_WAITALL; break;
-          case 'n': g_flags |= MSG_DONTWAIT; break;
-          case 'v': g_verify = true; break;
-          default: std::fprintf(stderr, "unknown -T %s\n", optarg); return 2;
+          case 'a':
+            g_async = true;
+            break;
+          case 'b':
+            g_flags = (g_flags & ~MSG_DONTWAIT) | MSG_WAITALL;
+            break;
+          case 'n':
+            g_flags |= MSG_DONTWAIT;
+            break;
+          case 'v':
+            g_verify = true;
+            break;
+          default:
+            std::fprintf(stderr, "unknown -T %s\n", optarg);
+            return 2;
         }
         break;
       default:
-        std::fprintf(stderr, "usage: %s -s ADDR|-b ADDR [-p PORT] [-S SIZE] [-C COUNT] [-I ITER] [-B BUF] [-T a|b|n|v]...\n",
+        std::fprintf(stderr,
+                     "usage: %s -s ADDR|-b ADDR [-p PORT] [-S SIZE] [-C COUNT] [-I ITER] [-B BUF] [-T a|b|n|v]...\n",
                      argv[0]);
         return 2;
     }

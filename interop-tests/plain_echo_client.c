@@ -98,7 +98,10 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--bulk")) bulk = strtoull(argv[i + 1], NULL, 0);
     else if (!strcmp(argv[i], "--chunk")) chunk = strtoull(argv[i + 1], NULL, 0);
     else if (!strcmp(argv[i], "--seed")) seed = strtoull(argv[i + 1], NULL, 0);
-    else { fprintf(stderr, "unknown option %s\n", argv[i]); return 2; }
+    else {
+      fprintf(stderr, "unknown option %s\n", argv[i]);
+      return 2;
+    }
   }
   if (iters < 1 || chunk < 1) return 2;
 
@@ -125,7 +128,8 @@ int main(int argc, char **argv) {
   for (const char *p = sizes; *p;) {
     size_t n = strtoull(p, (char **)&p, 0);
     if (n > max) max = n;
-    if (*p == ',') ++p; else if (*p) return 2;
+    if (*p == ',') ++p;
+    else if (*p) return 2;
   }
   uint8_t *out = malloc(max > chunk ? max : chunk), *in = malloc(max > chunk ? max : chunk);
   double *rtt = malloc(sizeof(double) * (size_t)iters);
@@ -169,7 +173,10 @@ int main(int argc, char **argv) {
       int r = poll(&pf, 1, 1000);
       if (r < 0 && errno == EINTR) continue;
       if (r < 0) return fail("poll");
-      if (now_us() - last_progress > 30e6) { errno = ETIMEDOUT; return fail("bulk stalled for 30 s"); }
+      if (now_us() - last_progress > 30e6) {
+        errno = ETIMEDOUT;
+        return fail("bulk stalled for 30 s");
+      }
       if ((pf.revents & POLLOUT) && sent < bulk) {
         if (out_off == out_len) {
           out_len = (size_t)(bulk - sent < chunk ? bulk - sent : chunk);
@@ -178,12 +185,18 @@ int main(int argc, char **argv) {
           out_off = 0;
         }
         ssize_t k = write(fd, out + out_off, out_len - out_off);
-        if (k > 0) { out_off += (size_t)k; sent += (unsigned long long)k; last_progress = now_us(); }
-        else if (k < 0 && errno != EAGAIN && errno != EINTR) return fail("write (bulk)");
+        if (k > 0) {
+          out_off += (size_t)k;
+          sent += (unsigned long long)k;
+          last_progress = now_us();
+        } else if (k < 0 && errno != EAGAIN && errno != EINTR) return fail("write (bulk)");
       }
       if (pf.revents & (POLLIN | POLLHUP | POLLERR)) {
         ssize_t k = read(fd, in, chunk);
-        if (k == 0) { errno = ECONNRESET; return fail("echo server closed during bulk"); }
+        if (k == 0) {
+          errno = ECONNRESET;
+          return fail("echo server closed during bulk");
+        }
         if (k < 0 && errno != EAGAIN && errno != EINTR) return fail("read (bulk)");
         if (k > 0) {
           for (ssize_t i = 0; i < k; ++i)
@@ -209,7 +222,10 @@ int main(int argc, char **argv) {
   /* The echo server must answer our EOF with its own. */
   if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) < 0) return fail("fcntl");
   ssize_t k = read(fd, in, 1);
-  if (k != 0) { errno = k < 0 ? errno : 0; return fail("expected EOF after shutdown"); }
+  if (k != 0) {
+    errno = k < 0 ? errno : 0;
+    return fail("expected EOF after shutdown");
+  }
   close(fd);
   printf("OK plain_echo_client: %s; every byte verified, EOF seen\n", summary);
   return 0;

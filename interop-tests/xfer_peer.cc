@@ -54,7 +54,9 @@ using namespace interop;
 struct RsSockets {
   static constexpr const char *kName = "rsocket";
   template <class T>
-  static T st(T rc) { return rc < 0 ? static_cast<T>(-errno) : rc; }
+  static T st(T rc) {
+    return rc < 0 ? static_cast<T>(-errno) : rc;
+  }
   static int socket(int type_flags = 0) { return st(rsocket(AF_INET, SOCK_STREAM | type_flags, 0)); }
   static int bind(int fd, const sockaddr_in &a) { return st(rbind(fd, (const sockaddr *)&a, sizeof a)); }
   static int listen(int fd, int n) { return st(rlisten(fd, n)); }
@@ -115,9 +117,10 @@ void on_deadline(int) {
   (void)!write(1, msg, static_cast<size_t>(n));
   // Diagnosis for the log (not async-signal-safe, but we exit right after):
   // the RDMA queue pairs and connection ids of the guest, with their states.
-  (void)!std::system("echo '  diag: rdma -d res show qp / cm_id:'; rdma -d res show qp | sed 's/^/    /'; "
-                     "rdma res show cm_id | sed 's/^/    /'; printf '    rxe0 '; "
-                     "grep -H . /sys/class/infiniband/rxe0/ports/1/hw_counters/*retry* | sed 's|.*/||' | tr '\\n' ' '; echo");
+  (void)!std::system(
+      "echo '  diag: rdma -d res show qp / cm_id:'; rdma -d res show qp | sed 's/^/    /'; "
+      "rdma res show cm_id | sed 's/^/    /'; printf '    rxe0 '; "
+      "grep -H . /sys/class/infiniband/rxe0/ports/1/hw_counters/*retry* | sed 's|.*/||' | tr '\\n' ' '; echo");
   _exit(3);
 }
 
@@ -431,8 +434,8 @@ int case_pollhup(size_t n) {
     pollfd p{fd, POLLIN, 0};
     const int pr = api::poll(&p, 1, 0);
     std::string ev;
-    for (auto [bit, name] : {std::pair{POLLIN, "POLLIN"}, {POLLHUP, "POLLHUP"}, {POLLERR, "POLLERR"},
-                             {POLLRDHUP, "POLLRDHUP"}})
+    for (auto [bit, name] :
+         {std::pair{POLLIN, "POLLIN"}, {POLLHUP, "POLLHUP"}, {POLLERR, "POLLERR"}, {POLLRDHUP, "POLLRDHUP"}})
       if (p.revents & bit) ev += ev.empty() ? name : std::string("|") + name;
     if (!recv_pattern(fd, 41, n, nullptr) || !expect_eof(fd, "after the data")) return 1;
     ok("poll() with %zu unread bytes after the peer's close: %d, revents %s; then all %zu bytes read and EOF", n, pr,
@@ -541,8 +544,7 @@ int case_victim(const std::string &log_path) {
   };
   while (!stop) {
     std::vector<pollfd> fds{{lfd, POLLIN, 0}};
-    for (auto &[fd, c] : conns)
-      fds.push_back({fd, static_cast<short>(POLLIN | (c.out.empty() ? 0 : POLLOUT)), 0});
+    for (auto &[fd, c] : conns) fds.push_back({fd, static_cast<short>(POLLIN | (c.out.empty() ? 0 : POLLOUT)), 0});
     if (api::poll(fds.data(), fds.size(), 100) <= 0) continue;
     for (const pollfd &p : fds) {
       if (!p.revents) continue;
@@ -595,11 +597,12 @@ int case_victim(const std::string &log_path) {
 int main(int argc, char **argv) {
   signal(SIGPIPE, SIG_IGN);
   if (argc < 3) {
-    std::fprintf(stderr,
-                 "usage: %s server|client CASE --addr A --port P [--size N] [--reply M] [--conns K]\n"
-                 "       [--ready FILE] [--until FILE] [--log FILE] [--retry S] [--deadline S]\n"
-                 "CASE: size halfclose-c2s halfclose-s2c close-client close-server blast sink pollhup seq hold victim\n",
-                 argv[0]);
+    std::fprintf(
+        stderr,
+        "usage: %s server|client CASE --addr A --port P [--size N] [--reply M] [--conns K]\n"
+        "       [--ready FILE] [--until FILE] [--log FILE] [--retry S] [--deadline S]\n"
+        "CASE: size halfclose-c2s halfclose-s2c close-client close-server blast sink pollhup seq hold victim\n",
+        argv[0]);
     return 2;
   }
   g.role = argv[1];

@@ -129,7 +129,8 @@ void parse_preload_config(const std::string &dir, Config *c) {
     }
     c->rules.push_back(r);
   }
-  if (text.size() && c->rules.empty()) log(0, "%s/preload_config has no valid line: intercepting everything", dir.c_str());
+  if (text.size() && c->rules.empty())
+    log(0, "%s/preload_config has no valid line: intercepting everything", dir.c_str());
 }
 
 // "80,443,5000-5010" into a 65536-bit map. Returns false on a syntax error.

@@ -18,7 +18,7 @@ struct Config {
   std::vector<uint64_t> exclude;
   int iomap_size = -1;  // rsocket iomap_size (applied per socket)
   struct Rule {
-    std::string program;  // prefix, "*" for any
+    std::string program;                        // prefix, "*" for any
     int domain = -1, type = -1, protocol = -1;  // -1 any
   };
   std::vector<Rule> rules;  // preload_config; empty = intercept everything

@@ -19,7 +19,7 @@ struct EpollEntry {
   int fd;
   uint32_t events;
   epoll_data_t data;
-  bool gs;             // false: a pending socket the kernel watches (kept to move it on upgrade)
+  bool gs;                // false: a pending socket the kernel watches (kept to move it on upgrade)
   bool disarmed = false;  // EPOLLONESHOT fired
   uint32_t reported = 0;  // edge-triggered: bits reported and not seen clear since
   uint32_t rgen = 0, wgen = 0;
@@ -33,15 +33,15 @@ struct EpollSet {
   size_t next = 0;  // round-robin start among gpusock entries
 };
 
-std::shared_ptr<EpollSet> find_epoll_set(int epfd);  // nullptr: not emulated
+std::shared_ptr<EpollSet> find_epoll_set(int epfd);          // nullptr: not emulated
 std::shared_ptr<EpollSet> find_or_make_epoll_set(int epfd);  // marks epfd kEpoll
 
 // Bookkeeping the socket and fd calls need.
-void epoll_forget_fd(int fd);              // close of a gpusock or pending fd
-void epoll_upgrade_fd(int fd);             // a pending fd became a gpusock socket
-void epoll_forget_epfd(int epfd);          // close of an epoll fd
-void epoll_dup_epfd(int oldfd, int newfd); // dup of an epoll fd
-void epoll_after_fork_child();             // gpusock fds became kernel fds
+void epoll_forget_fd(int fd);               // close of a gpusock or pending fd
+void epoll_upgrade_fd(int fd);              // a pending fd became a gpusock socket
+void epoll_forget_epfd(int epfd);           // close of an epoll fd
+void epoll_dup_epfd(int oldfd, int newfd);  // dup of an epoll fd
+void epoll_after_fork_child();              // gpusock fds became kernel fds
 
 std::mutex &epoll_table_mutex();  // the instances' table (held across fork)
 

@@ -144,7 +144,8 @@ void record_pending_option(int fd, int level, int name, const void *val, socklen
   std::lock_guard lock(tables().mu);
   auto it = tables().pendings.find(fd);
   if (it != tables().pendings.end()) {
-    Pending::Opt o{level, name, std::vector<char>(static_cast<const char *>(val), static_cast<const char *>(val) + len)};
+    Pending::Opt o{level, name,
+                   std::vector<char>(static_cast<const char *>(val), static_cast<const char *>(val) + len)};
     it->second.opts.push_back(std::move(o));
   }
 }

@@ -18,10 +18,10 @@
 namespace gpusock::preload {
 
 enum Kind : uint8_t {
-  kKernel = 0,   // not ours: libc handles it
-  kPending = 1,  // a kernel TCP socket that may still become a gpusock socket
-  kGs = 2,       // a gpusock socket (the fd is the library's reserved eventfd)
-  kEpoll = 3,    // an epoll fd the shim emulates for gpusock members
+  kKernel = 0,    // not ours: libc handles it
+  kPending = 1,   // a kernel TCP socket that may still become a gpusock socket
+  kGs = 2,        // a gpusock socket (the fd is the library's reserved eventfd)
+  kEpoll = 3,     // an epoll fd the shim emulates for gpusock members
   kInternal = 4,  // a gpusock fd the shim holds for itself (fork relays)
   kTransport = 5  // a kernel fd gpusock or libfabric made for themselves
 };
@@ -56,7 +56,7 @@ void for_each_slot(unsigned first, unsigned last, const std::function<void(int f
 
 // Shim-level state shared by every fd of one gpusock socket (dup, fork relay).
 struct SockInfo {
-  std::atomic<int> user_fds{0};  // application-visible fds
+  std::atomic<int> user_fds{0};         // application-visible fds
   std::atomic<int64_t> rcvtimeo_us{0};  // SO_RCVTIMEO / SO_SNDTIMEO (emulated)
   std::atomic<int64_t> sndtimeo_us{0};
   std::atomic<bool> listening{false};
@@ -83,7 +83,7 @@ struct Pending {
   };
   std::vector<Opt> opts;
 };
-void add_pending(int fd, int domain);  // marks fd kPending
+void add_pending(int fd, int domain);     // marks fd kPending
 bool take_pending(int fd, Pending *out);  // a copy; false if fd is not pending
 void set_pending_bound(int fd, const sockaddr_storage &addr, socklen_t len);
 void record_pending_option(int fd, int level, int name, const void *val, socklen_t len);

@@ -84,7 +84,8 @@ ssize_t recv_iov(int fd, const iovec *iov, int iovcnt, int flags) {
   size_t done = 0;
   while (done < total) {
     auto rest = iov_after(iov, iovcnt, done);
-    const ssize_t r = gs_input(fd, flags & ~MSG_WAITALL, [&](int f) { return raw_recv(fd, rest.data(), rest.size(), f); });
+    const ssize_t r =
+        gs_input(fd, flags & ~MSG_WAITALL, [&](int f) { return raw_recv(fd, rest.data(), rest.size(), f); });
     if (r <= 0) return done > 0 ? static_cast<ssize_t>(done) : r;
     done += static_cast<size_t>(r);
   }

@@ -50,8 +50,8 @@ bool harmless_option(int level, int name) {
     case IPPROTO_TCP:
       return name == TCP_DEFER_ACCEPT || name == TCP_FASTOPEN || name == TCP_FASTOPEN_CONNECT ||
              name == TCP_USER_TIMEOUT || name == TCP_CONGESTION || name == TCP_NOTSENT_LOWAT ||
-             name == TCP_WINDOW_CLAMP || name == TCP_SYNCNT || name == TCP_LINGER2 || name == TCP_THIN_LINEAR_TIMEOUTS ||
-             name == TCP_SAVE_SYN;
+             name == TCP_WINDOW_CLAMP || name == TCP_SYNCNT || name == TCP_LINGER2 ||
+             name == TCP_THIN_LINEAR_TIMEOUTS || name == TCP_SAVE_SYN;
     case IPPROTO_IP:
       return name == IP_TTL || name == IP_BIND_ADDRESS_NO_PORT || name == IP_FREEBIND || name == IP_TRANSPARENT ||
              name == IP_MTU_DISCOVER || name == IP_RECVERR;

@@ -28,7 +28,8 @@ GS_EXPORT int sigaction(int sig, const struct sigaction *act, struct sigaction *
 
 // glibc's signal() has BSD semantics: SA_RESTART, the signal blocked in its handler.
 GS_EXPORT sighandler_t signal(int sig, sighandler_t handler) {
-  struct sigaction a {}, o{};
+  struct sigaction a {
+  }, o{};
   a.sa_handler = handler;
   sigemptyset(&a.sa_mask);
   if (sig > 0 && sig < _NSIG) sigaddset(&a.sa_mask, sig);
@@ -40,7 +41,8 @@ GS_EXPORT sighandler_t signal(int sig, sighandler_t handler) {
 GS_EXPORT sighandler_t bsd_signal(int sig, sighandler_t handler) { return signal(sig, handler); }
 
 GS_EXPORT sighandler_t sysv_signal(int sig, sighandler_t handler) {
-  struct sigaction a {}, o{};
+  struct sigaction a {
+  }, o{};
   a.sa_handler = handler;
   sigemptyset(&a.sa_mask);
   a.sa_flags = SA_RESETHAND | SA_NODEFER;

@@ -29,7 +29,7 @@ struct Relay {
   bool c2g_eof = false, g2c_eof = false;
   bool child_gone = false, gs_broken = false;
   bool child_unwritable = false;  // the child's end no longer takes data (it closed)
-  std::vector<char> c2g, g2c;  // bytes not yet passed on
+  std::vector<char> c2g, g2c;     // bytes not yet passed on
   size_t c2g_off = 0, g2c_off = 0;
   bool c2g_pending() const { return c2g_off < c2g.size(); }
   bool g2c_pending() const { return g2c_off < g2c.size(); }

@@ -24,8 +24,8 @@ bool called_from_transport(void *ret) {
   Dl_info info;
   if (!dladdr(ret, &info) || !info.dli_fname) return false;
   const char *f = info.dli_fname;
-  return strstr(f, "libfabric") || strstr(f, "libgpusock.so") || strstr(f, "librdmacm") ||
-         strstr(f, "libibverbs") || strstr(f, "libefa") || strstr(f, "libpsm") || strstr(f, "rdmav");
+  return strstr(f, "libfabric") || strstr(f, "libgpusock.so") || strstr(f, "librdmacm") || strstr(f, "libibverbs") ||
+         strstr(f, "libefa") || strstr(f, "libpsm") || strstr(f, "rdmav");
 }
 
 bool transport_caller(void *ret) { return t_inside || called_from_transport(ret); }
@@ -87,8 +87,7 @@ std::string addr_text(const sockaddr *addr, socklen_t len) {
   if (port_of(addr, len, &port) < 0) return "?";
   if (addr->sa_family == AF_INET)
     inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in *>(addr)->sin_addr, host, sizeof host);
-  else
-    inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6 *>(addr)->sin6_addr, host, sizeof host);
+  else inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6 *>(addr)->sin6_addr, host, sizeof host);
   char out[INET6_ADDRSTRLEN + 16];
   snprintf(out, sizeof out, addr->sa_family == AF_INET6 ? "[%s]:%u" : "%s:%u", host, port);
   return out;

@@ -39,7 +39,7 @@ int probe_transport();
 const char *probe_error();
 
 int port_of(const sockaddr *addr, socklen_t len, uint16_t *port);  // -1: not IP
-std::string addr_text(const sockaddr *addr, socklen_t len);       // for the log
+std::string addr_text(const sockaddr *addr, socklen_t len);        // for the log
 const char *transport_name();                                      // for the log
 
 // ------------------------------------------------------------------ the decision

@@ -29,8 +29,7 @@ GS_EXPORT int socket(int domain, int type, int protocol) {
   if (st < 0) {
     static std::atomic<bool> warned{false};
     if (config().refuse) {
-      if (!warned.exchange(true))
-        log(0, "refusing TCP sockets (GPUSOCK_FALLBACK=refuse): %s", probe_error());
+      if (!warned.exchange(true)) log(0, "refusing TCP sockets (GPUSOCK_FALLBACK=refuse): %s", probe_error());
       errno = -st;
       return -1;
     }
@@ -183,8 +182,7 @@ GS_EXPORT int accept4(int fd, sockaddr *addr, socklen_t *len, int flags) {
   if (!gs_nonblocking(fd)) {  // wait in the shim (signals), then take the connection
     const CallLimit limit = call_limit(fd, true);
     int w;
-    while ((w = blocking_wait(fd, POLLIN, limit)) == 0) {
-    }
+    while ((w = blocking_wait(fd, POLLIN, limit)) == 0) {}
     if (w < 0) return libc_result(w);
   }
   int r;

@@ -67,8 +67,8 @@ int sleep_on_events(const std::vector<pollfd> &gs, const std::vector<pollfd> &ke
   fds.insert(fds.end(), kern.begin(), kern.end());
   // No wait fd from a socket's transport: sleep a step, not the whole timeout.
   const timespec *ts = (n == 0 && !gs.empty()) ? step : until;
-  if (n == 0 && !gs.empty() && until && (until->tv_sec < step->tv_sec ||
-                                         (until->tv_sec == step->tv_sec && until->tv_nsec < step->tv_nsec)))
+  if (n == 0 && !gs.empty() && until &&
+      (until->tv_sec < step->tv_sec || (until->tv_sec == step->tv_sec && until->tv_nsec < step->tv_nsec)))
     ts = until;
   const int r = R.ppoll(fds.data(), fds.size(), ts, sigmask);
   const int saved = errno;

@@ -61,7 +61,8 @@ int wait_loop(const timespec *timeout, Check check, Sleep sleep) {
   // Every way out tells the library how long the wait took (its spin slot
   // goes back, and the next spin adapts).
   const auto done = [&](int result) {
-    gs_spin_record(static_cast<long>(std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start).count()));
+    gs_spin_record(
+        static_cast<long>(std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start).count()));
     return result;
   };
   for (;;) {
@@ -79,8 +80,8 @@ int wait_loop(const timespec *timeout, Check check, Sleep sleep) {
       continue;
     }
     auto step = std::chrono::microseconds(backoff_us);
-    if (deadline - now < step) step = std::chrono::duration_cast<std::chrono::microseconds>(deadline - now) +
-                                      std::chrono::microseconds(1);
+    if (deadline - now < step)
+      step = std::chrono::duration_cast<std::chrono::microseconds>(deadline - now) + std::chrono::microseconds(1);
     const timespec step_ts = to_timespec(step);
     const timespec until_ts = to_timespec(deadline - now + std::chrono::microseconds(1));
     static thread_local bool slack_set = false;

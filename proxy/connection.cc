@@ -33,8 +33,7 @@ uint64_t Connection::turnaround_ns(Clock::time_point now) {
 
 void Connection::apply_gpu_positions(uint64_t send_tail, uint64_t recv_read) {
   const DriverState state = driver_.state();
-  if (state != DriverState::kConnected && state != DriverState::kConnecting && state != DriverState::kAccepting)
-    return;
+  if (state != DriverState::kConnected && state != DriverState::kConnecting && state != DriverState::kAccepting) return;
   Stream &core = driver_.core();
   if (send_tail > send_committed_) {
     // The GPU wrote only into space we published as free, so this always fits.
@@ -75,8 +74,8 @@ void Connection::write_inline_send(uint64_t send_tail, const uint8_t *payload, u
   // otherwise is not believed.
   const uint64_t send_done = send_committed_ - driver_.core().send_unacked();
   if (send_tail - send_done > buffers_.sbuf_size) return;
-  ring_copy(static_cast<uint8_t *>(buffers_.sbuf), buffers_.sbuf_size, send_tail - n, const_cast<uint8_t *>(payload),
-            n, true);
+  ring_copy(static_cast<uint8_t *>(buffers_.sbuf), buffers_.sbuf_size, send_tail - n, const_cast<uint8_t *>(payload), n,
+            true);
 }
 
 bool Connection::fill_inline_recv(channel::InlineRecv *out) const {

@@ -77,9 +77,9 @@ gs_status_t Proxy::Impl::start(const ProxyOptions &options_in, MemoryResource *m
 
   rc = memory_->allocate(MemoryKind::kHostMapped, size_t(entries) * sizeof(Request), &requests_mem_);
   if (rc == 0)
-    rc = memory_->allocate(MemoryKind::kHostMapped,
-                           sizeof(ProxyShared) + size_t(options_.max_sockets) * (sizeof(SocketStatus) + sizeof(InlineRecv)),
-                           &status_mem_);
+    rc = memory_->allocate(
+        MemoryKind::kHostMapped,
+        sizeof(ProxyShared) + size_t(options_.max_sockets) * (sizeof(SocketStatus) + sizeof(InlineRecv)), &status_mem_);
   const size_t sockets_bytes = size_t(options_.max_sockets) * sizeof(DeviceSocket);
   const size_t claims_bytes = (size_t(options_.max_sockets) * sizeof(uint32_t) + 63) & ~size_t(63);
   if (rc == 0) rc = memory_->allocate(MemoryKind::kDevice, sockets_bytes + claims_bytes + 128, &private_mem_);
@@ -229,8 +229,7 @@ void Proxy::Impl::loop() {
 void Proxy::Impl::close_orphans() {
   const uint64_t asked = orphan_asked_.load(std::memory_order_acquire);
   const bool abort = orphan_abort_.load(std::memory_order_relaxed);
-  while (drain_requests()) {
-  }
+  while (drain_requests()) {}
   int closed = 0;
   for (uint32_t i = 0; i < slots_.size(); ++i) {
     if (!slots_[i].in_use) continue;
@@ -239,9 +238,8 @@ void Proxy::Impl::close_orphans() {
   }
   if (closed > 0) {
     stat_orphans_.fetch_add(static_cast<uint64_t>(closed), std::memory_order_relaxed);
-    std::fprintf(stderr, "gpusock proxy: the kernel %s with %d socket%s open: %s\n",
-                 abort ? "failed" : "returned", closed, closed == 1 ? "" : "s",
-                 abort ? "reset them" : "flushing and closing them");
+    std::fprintf(stderr, "gpusock proxy: the kernel %s with %d socket%s open: %s\n", abort ? "failed" : "returned",
+                 closed, closed == 1 ? "" : "s", abort ? "reset them" : "flushing and closing them");
   }
   orphan_result_.store(closed, std::memory_order_relaxed);
   orphan_answered_.store(asked, std::memory_order_release);

@@ -43,7 +43,7 @@ struct ListenerState {
 };
 
 struct Slot {
-  uint32_t gen = 0;        // the socket generation adopted (== releases when free)
+  uint32_t gen = 0;  // the socket generation adopted (== releases when free)
   bool in_use = false;
   bool in_active = false;  // listed in Impl::active_
   sockaddr_storage addr{};
@@ -98,7 +98,7 @@ class Proxy::Impl {
   ProxyShared *shared_ = nullptr;
   SocketStatus *status_ = nullptr;
   InlineRecv *inline_recv_ = nullptr;  // per slot, after status_
-  uint8_t *rbuf_reg_ = nullptr;  // what the transport registers
+  uint8_t *rbuf_reg_ = nullptr;        // what the transport registers
   uint8_t *sbuf_reg_ = nullptr;
   uint64_t head_ = 0;  // next ticket expected
   std::vector<Slot> slots_;

@@ -154,8 +154,8 @@ void Proxy::Impl::handle(const Request &r) {
     case kOpAccept: {
       int rc = -EINVAL;
       const uint32_t li = static_cast<uint32_t>(r.arg0);
-      if (li < slots_.size() && slots_[li].gen == static_cast<uint32_t>(r.arg1) && slots_[li].listener &&
-          !s.conn && !s.listener) {
+      if (li < slots_.size() && slots_[li].gen == static_cast<uint32_t>(r.arg1) && slots_[li].listener && !s.conn &&
+          !s.listener) {
         ListenerState &ls = *slots_[li].listener;
         if (ls.queue.empty()) {
           rc = -EAGAIN;  // another block took it first

@@ -15,7 +15,9 @@ namespace gpusock::test {
 struct GsSockets {
   static constexpr const char *kName = "gpusock";
   static int socket(int type_flags = 0) { return gs_socket(AF_INET, SOCK_STREAM | type_flags, 0); }
-  static int bind(int fd, const sockaddr_in &a) { return gs_bind(fd, reinterpret_cast<const sockaddr *>(&a), sizeof a); }
+  static int bind(int fd, const sockaddr_in &a) {
+    return gs_bind(fd, reinterpret_cast<const sockaddr *>(&a), sizeof a);
+  }
   static int listen(int fd, int backlog) { return gs_listen(fd, backlog); }
   static int accept(int fd) { return gs_accept(fd, nullptr, nullptr); }
   static int connect(int fd, const sockaddr_in &a) {

@@ -123,8 +123,7 @@ inline int sink_server(const sockaddr_in &at, int count, int delay_us) {
     send_all(c, reply, static_cast<size_t>(len));
     gs_shutdown(c, SHUT_WR);
     char tmp[16];
-    while (gs_recv(c, tmp, sizeof tmp, 0) > 0) {
-    }
+    while (gs_recv(c, tmp, sizeof tmp, 0) > 0) {}
     gs_close(c);
   }
   gs_close(lfd);
@@ -134,8 +133,7 @@ inline int sink_server(const sockaddr_in &at, int count, int delay_us) {
 // Sends until the connection breaks (the test kills this process or the other end).
 inline int blast(int fd) {
   std::vector<uint8_t> buf(1 << 16, 0x5A);
-  while (gs_send(fd, buf.data(), buf.size(), 0) > 0) {
-  }
+  while (gs_send(fd, buf.data(), buf.size(), 0) > 0) {}
   return 0;
 }
 

@@ -75,15 +75,16 @@ bool move_all(Byte *p, size_t n, Io io, int zero_status, int *err) {
 
 template <class Api = GsSockets>
 bool send_all(int fd, const void *p, size_t n, int *err = nullptr) {
-  return move_all(static_cast<const uint8_t *>(p), n, [fd](const uint8_t *b, size_t k) { return Api::send(fd, b, k); },
-                  -EPIPE, err);
+  return move_all(
+      static_cast<const uint8_t *>(p), n, [fd](const uint8_t *b, size_t k) { return Api::send(fd, b, k); }, -EPIPE,
+      err);
 }
 
 // False also on EOF before n bytes (*err = -ECONNRESET then).
 template <class Api = GsSockets>
 bool recv_all(int fd, void *p, size_t n, int *err = nullptr) {
-  return move_all(static_cast<uint8_t *>(p), n, [fd](uint8_t *b, size_t k) { return Api::recv(fd, b, k); },
-                  -ECONNRESET, err);
+  return move_all(
+      static_cast<uint8_t *>(p), n, [fd](uint8_t *b, size_t k) { return Api::recv(fd, b, k); }, -ECONNRESET, err);
 }
 
 // A listening socket (SO_REUSEADDR) on `at`: its fd, or the status of the

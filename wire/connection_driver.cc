@@ -178,7 +178,8 @@ bool ConnectionDriver::poll_cm() {
       break;
     case CmEventKind::kRejected:
     case CmEventKind::kError:
-      if (handshaking) fail(event.status < 0 ? event.status : -ECONNREFUSED, event.reason ? event.reason : "connect failed");
+      if (handshaking)
+        fail(event.status < 0 ? event.status : -ECONNREFUSED, event.reason ? event.reason : "connect failed");
       else on_cm_disconnect(event.status < 0 ? event.status : -ECONNRESET);
       break;
     case CmEventKind::kDisconnected:
@@ -277,10 +278,17 @@ bool ConnectionDriver::post_actions() {
 gs_status_t ConnectionDriver::shutdown(int how) {
   uint8_t bits;
   switch (how) {
-    case SHUT_RD: bits = kShutRd; break;
-    case SHUT_WR: bits = kShutWr; break;
-    case SHUT_RDWR: bits = kShutRdWr; break;
-    default: return -EINVAL;
+    case SHUT_RD:
+      bits = kShutRd;
+      break;
+    case SHUT_WR:
+      bits = kShutWr;
+      break;
+    case SHUT_RDWR:
+      bits = kShutRdWr;
+      break;
+    default:
+      return -EINVAL;
   }
   if (state_ != DriverState::kConnected) return -ENOTCONN;
   core_.shutdown(bits);
@@ -313,7 +321,8 @@ bool ConnectionDriver::close_finished() {
   // once its close is done, which reaches us as the transport's disconnect:
   // wait for that, bounded.
   const bool wait_for_peer = core_.peer_closed_first() && !core_.transport_closed();
-  if (teardown_at_ == DriverClock::time_point{}) teardown_at_ = now + (wait_for_peer ? kPeerTeardownWait : kTeardownLinger);
+  if (teardown_at_ == DriverClock::time_point{})
+    teardown_at_ = now + (wait_for_peer ? kPeerTeardownWait : kTeardownLinger);
   if (core_.peer_closed_first() && core_.transport_closed()) return true;
   return now >= teardown_at_;
 }

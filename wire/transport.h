@@ -39,7 +39,7 @@ enum MemoryAccess : unsigned {
 // (verbs: write-with-immediate; libfabric: fi_writedata with 8-byte CQ data).
 // length may be 0 (control messages that carry only an immediate).
 struct WriteRequest {
-  const void *local = nullptr;        // inside `region` (or any memory when inline_data)
+  const void *local = nullptr;  // inside `region` (or any memory when inline_data)
   const MemoryRegion *region = nullptr;
   uint32_t length = 0;
   uint64_t remote_addr = 0;
@@ -51,16 +51,16 @@ struct WriteRequest {
 };
 
 enum class CompletionKind : uint8_t {
-  kWriteDone,   // a posted write finished (status says how)
-  kRecvImm,     // a peer's write-with-immediate arrived; one posted receive used
+  kWriteDone,  // a posted write finished (status says how)
+  kRecvImm,    // a peer's write-with-immediate arrived; one posted receive used
 };
 
 struct Completion {
   CompletionKind kind = CompletionKind::kWriteDone;
   gs_status_t status = 0;  // 0 or a negated errno (-EIO, -ECONNRESET, ...)
-  uint64_t token = 0;    // kWriteDone: the request's token
-  uint32_t imm = 0;      // kRecvImm: host-order immediate
-  uint32_t length = 0;   // kRecvImm: bytes placed by that write
+  uint64_t token = 0;      // kWriteDone: the request's token
+  uint32_t imm = 0;        // kRecvImm: host-order immediate
+  uint32_t length = 0;     // kRecvImm: bytes placed by that write
 };
 
 // Connection-management events, polled separately from data completions.
@@ -89,8 +89,7 @@ class Endpoint {
   virtual ~Endpoint() = default;
 
   // Active side: start connecting; completes with a CmEvent kEstablished.
-  virtual gs_status_t connect(const sockaddr *addr, socklen_t len, const void *private_data,
-                              uint32_t private_len) = 0;
+  virtual gs_status_t connect(const sockaddr *addr, socklen_t len, const void *private_data, uint32_t private_len) = 0;
   virtual gs_status_t post_write(const WriteRequest &request) = 0;
   // Make room for `count` more incoming immediates (verbs: zero-SGE receives).
   virtual gs_status_t post_recv(uint32_t count) = 0;
@@ -154,11 +153,11 @@ struct EndpointAttr {
 
 // Capabilities are data, as in libfabric's *_attr.c tables.
 struct TransportCaps {
-  const char *name = "";            // "fabric:tcp", "fabric:shm", "verbs"
-  bool device_memory = false;       // may register GPU memory (FI_HMEM / dmabuf): ask device_memory_support()
-  bool needs_recv_posts = true;     // immediates consume posted receives
-  bool write_with_imm = true;       // false: iWARP-style write + 4-byte send
-  uint32_t max_private_data = 0;    // bytes a connect/accept can carry
+  const char *name = "";          // "fabric:tcp", "fabric:shm", "verbs"
+  bool device_memory = false;     // may register GPU memory (FI_HMEM / dmabuf): ask device_memory_support()
+  bool needs_recv_posts = true;   // immediates consume posted receives
+  bool write_with_imm = true;     // false: iWARP-style write + 4-byte send
+  uint32_t max_private_data = 0;  // bytes a connect/accept can carry
 };
 
 // Can this domain register GPU memory, and if not, why: the answer a GPU proxy
@@ -181,8 +180,7 @@ class Domain {
     (void)gpu_buffer, (void)length, (void)cuda_device;
     return {false, std::string(caps().name) + ": no GPU memory registration"};
   }
-  virtual gs_status_t register_memory(void *base, size_t length, unsigned access,
-                                      MemoryRegion *out) = 0;
+  virtual gs_status_t register_memory(void *base, size_t length, unsigned access, MemoryRegion *out) = 0;
   virtual void deregister_memory(MemoryRegion *region) = 0;
   // request == nullptr: an endpoint for connect(); else one that will accept it.
   virtual gs_status_t create_endpoint(ConnectionRequest *request, std::unique_ptr<Endpoint> *out) = 0;
@@ -195,8 +193,7 @@ class Domain {
   // completes with a CmEvent kEstablished on that endpoint.
   virtual gs_status_t accept(Endpoint *endpoint, ConnectionRequest *request, const void *private_data,
                              uint32_t private_len) = 0;
-  virtual gs_status_t listen(const sockaddr *addr, socklen_t len, int backlog,
-                             std::unique_ptr<Listener> *out) = 0;
+  virtual gs_status_t listen(const sockaddr *addr, socklen_t len, int backlog, std::unique_ptr<Listener> *out) = 0;
   // Why this thread's last failing call failed, in words, when the transport
   // knows more than the status says (e.g. which process holds a port);
   // empty otherwise.

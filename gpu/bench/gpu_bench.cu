@@ -103,8 +103,7 @@ struct FloorKernel {
     for (int i = 1; i <= iters + 100; ++i) {
       if (i == 101) t0 = now_ns();
       prim::store_release(to_cpu, static_cast<uint64_t>(i));
-      while (prim::load_acquire(to_gpu) != static_cast<uint64_t>(i)) {
-      }
+      while (prim::load_acquire(to_gpu) != static_cast<uint64_t>(i)) {}
     }
     report(out, {.error = 0, .ns = now_ns() - t0});
   }
@@ -129,7 +128,9 @@ struct MicroKernel {
     const unsigned long long t0 = now_ns();
     for (int i = 1; i <= iters; ++i) {
       switch (mode) {
-        case 0: prim::fence_release(); break;
+        case 0:
+          prim::fence_release();
+          break;
         case 1: {
           uint64_t v[8] = {uint64_t(i), 1, 2, 3, 4, 5, 6, 7};
           prim::store_line_relaxed(mine, v);
@@ -141,13 +142,18 @@ struct MicroKernel {
           prim::fence_release();
           break;
         }
-        case 3: sink += prim::load_relaxed(mine + 8 + (sink & 1)); break;
-        case 4: sink += prim::load_relaxed(lines + (sink & 1)); break;
-        case 5: sink += atomic_add_dev(counter); break;
+        case 3:
+          sink += prim::load_relaxed(mine + 8 + (sink & 1));
+          break;
+        case 4:
+          sink += prim::load_relaxed(lines + (sink & 1));
+          break;
+        case 5:
+          sink += atomic_add_dev(counter);
+          break;
         case 6:
           prim::store_release(mine, uint64_t(i));
-          while (prim::load_acquire(mine + 8) != uint64_t(i)) {
-          }
+          while (prim::load_acquire(mine + 8) != uint64_t(i)) {}
           break;
       }
     }
@@ -397,9 +403,8 @@ int main(int argc, char **argv) {
   if (int rc = Proxy::start(options, memory.get(), &proxy); rc < 0) return 1;
   const DeviceContext ctx = proxy->device_context();
   const char *transport = std::getenv("GPUSOCK_TRANSPORT");
-  std::printf("gpu_bench: %s backend, transport %s, %u threads per block, %u B rings\n  %s\n",
-              backend_name(backend), transport ? transport : "(default)", threads, rings,
-              proxy->placement().c_str());
+  std::printf("gpu_bench: %s backend, transport %s, %u threads per block, %u B rings\n  %s\n", backend_name(backend),
+              transport ? transport : "(default)", threads, rings, proxy->placement().c_str());
   std::fflush(stdout);
 
   constexpr int kResults = 64;
@@ -424,8 +429,8 @@ int main(int argc, char **argv) {
   const std::string tmp = "/tmp/gpu_bench." + std::to_string(getpid());
 
   if (micro) {
-    const char *names[] = {"fence", "line_write", "line_write_fence", "read_own", "read_shared", "atomic_dev",
-                           "pingpong_cpu"};
+    const char *names[] = {"fence",       "line_write", "line_write_fence", "read_own",
+                           "read_shared", "atomic_dev", "pingpong_cpu"};
     MemoryBlock lines{}, counter{}, outs{};
     memory->allocate(MemoryKind::kHostMapped, size_t(p6_blocks) * 128, &lines);
     memory->allocate(MemoryKind::kDevice, 64, &counter);
@@ -452,10 +457,10 @@ int main(int argc, char **argv) {
           });
         }
         const test::Stopwatch watch;
-        const int rc = grid.start(backend, LaunchShape{static_cast<unsigned>(blocks), 32, 0},
-                                  MicroKernel{mode, n, static_cast<uint64_t *>(lines.device),
-                                              static_cast<unsigned long long *>(counter.device),
-                                              static_cast<BenchResult *>(outs.device)});
+        const int rc = grid.start(
+            backend, LaunchShape{static_cast<unsigned>(blocks), 32, 0},
+            MicroKernel{mode, n, static_cast<uint64_t *>(lines.device),
+                        static_cast<unsigned long long *>(counter.device), static_cast<BenchResult *>(outs.device)});
         const int wrc = rc == 0 ? grid.wait() : rc;
         const double wall = watch.ns();
         quit = true;
@@ -464,9 +469,9 @@ int main(int argc, char **argv) {
         for (int b = 0; b < blocks; ++b) max_ns = std::max(max_ns, oh[b].ns);
         if (wrc == 0 && max_ns > 0)
           std::printf("MICRO %-17s %3d blocks: %8.1f ns per op per block, %7.2f M ops/s total (wall %.1f ms)\n",
-                      names[mode], blocks, double(max_ns) / n, double(n) * blocks * 1000.0 / double(max_ns), wall / 1e6);
-        else
-          std::printf("MICRO %s %d blocks FAILED\n", names[mode], blocks);
+                      names[mode], blocks, double(max_ns) / n, double(n) * blocks * 1000.0 / double(max_ns),
+                      wall / 1e6);
+        else std::printf("MICRO %s %d blocks FAILED\n", names[mode], blocks);
         std::fflush(stdout);
       }
     }
@@ -540,8 +545,7 @@ int main(int argc, char **argv) {
     if (grid.start(backend, LaunchShape{1, 32, 0}, ListenKernel{ctx, gpu_port, res_dev + slot}) == 0 &&
         grid.wait() == 0 && r->error == 0)
       listener = static_cast<int>(r->count);
-    else
-      fail("gpu_listener", r->error);
+    else fail("gpu_listener", r->error);
     ++slot;
   }
 
@@ -556,10 +560,12 @@ int main(int argc, char **argv) {
       DeviceContext c = ctx;
       if (!inline_on) c.flags &= ~channel::kCtxInline;
       if (grid.start(backend, shape,
-                     EchoServerKernel{c, listener, static_cast<uint8_t *>(big.device), 1u << 16, res_dev + slot}) == 0) {
+                     EchoServerKernel{c, listener, static_cast<uint8_t *>(big.device), 1u << 16, res_dev + slot}) ==
+          0) {
         const ProxyStats s0 = proxy->stats();
         const test::Stopwatch watch;
-        const double ns = run_client({"pingpong", std::to_string(gpu_port), "64", std::to_string(iters), tmp}, tmp, 60000);
+        const double ns =
+            run_client({"pingpong", std::to_string(gpu_port), "64", std::to_string(iters), tmp}, tmp, 60000);
         const double wall = watch.ns();
         const ProxyStats s1 = proxy->stats();
         const double turns = double(s1.turnarounds - s0.turnarounds);
@@ -569,7 +575,8 @@ int main(int argc, char **argv) {
                     turns > 0 ? double(s1.turnaround_ns - s0.turnaround_ns) / turns / 1000.0 : -1.0);
         if (ns < 0) proxy->request_kernel_stop();
         grid.wait();
-        if (r->error != 0) std::printf("  (GPU echo server ended with %s)\n", gs_status_name(static_cast<int>(r->error)));
+        if (r->error != 0)
+          std::printf("  (GPU echo server ended with %s)\n", gs_status_name(static_cast<int>(r->error)));
         (inline_on ? gpu_ns : rings_ns) = ns;
       }
       ++slot;
@@ -581,7 +588,9 @@ int main(int argc, char **argv) {
     }
     if (gpu_ns > 0) std::printf("RESULT p4_gpu_server_rtt_64B %.2f us CPU client\n", gpu_ns / 1000.0);
     else fail("p4_gpu_server_rtt_64B", -EIO);
-    if (rings_ns > 0) std::printf("RESULT p4_gpu_server_rings_rtt_64B %.2f us CPU client, small messages through the rings\n", rings_ns / 1000.0);
+    if (rings_ns > 0)
+      std::printf("RESULT p4_gpu_server_rings_rtt_64B %.2f us CPU client, small messages through the rings\n",
+                  rings_ns / 1000.0);
     if (cpu_ns > 0) std::printf("RESULT p4_cpu_server_rtt_64B %.2f us CPU client\n", cpu_ns / 1000.0);
     else fail("p4_cpu_server_rtt_64B", -EIO);
     if (gpu_ns > 0 && cpu_ns > 0)
@@ -613,8 +622,8 @@ int main(int argc, char **argv) {
       {
         const int port = gpusock::test::free_port();
         Peer server({"drain", std::to_string(port), "1", std::to_string(c)});
-        cpu_mbps = run_client({"stream", std::to_string(port), std::to_string(total), std::to_string(c), tmp}, tmp,
-                              120000);
+        cpu_mbps =
+            run_client({"stream", std::to_string(port), std::to_string(total), std::to_string(c), tmp}, tmp, 120000);
       }
       const std::string g = std::string("p5_gpu_server_") + label, k = std::string("p5_cpu_server_") + label;
       if (gpu_mbps > 0) std::printf("RESULT %s %.0f MB/s\n", g.c_str(), gpu_mbps);
@@ -657,12 +666,12 @@ int main(int argc, char **argv) {
         }
         const double passes = double(s1.passes - s0.passes);
         if (err == 0 && max_ns > 0)
-          std::printf("RESULT %s %.2f M/s %d blocks x 1 socket, gnop; %.2f us per block; proxy %.0f ns/pass, %.1f req/pass%s\n",
-                      name, double(total) * 1000.0 / double(max_ns), blocks,
-                      double(max_ns) / 1000.0 / (double(total) / blocks), wall_ns / std::max(1.0, passes),
-                      double(s1.requests - s0.requests) / std::max(1.0, passes), main_case ? "; target >= 5" : "");
-        else
-          fail(name, err ? err : -EIO);
+          std::printf(
+              "RESULT %s %.2f M/s %d blocks x 1 socket, gnop; %.2f us per block; proxy %.0f ns/pass, %.1f req/pass%s\n",
+              name, double(total) * 1000.0 / double(max_ns), blocks, double(max_ns) / 1000.0 / (double(total) / blocks),
+              wall_ns / std::max(1.0, passes), double(s1.requests - s0.requests) / std::max(1.0, passes),
+              main_case ? "; target >= 5" : "");
+        else fail(name, err ? err : -EIO);
       } else {
         fail(name, -EIO);
       }
@@ -699,15 +708,17 @@ int main(int argc, char **argv) {
     {
       const int port = gpusock::test::free_port();
       Peer drains({"drains", std::to_string(port), std::to_string(streams), std::to_string(chunk)});
-      cpu_mbps = run_client({"streams", std::to_string(port), std::to_string(streams), std::to_string(per),
-                             std::to_string(chunk), tmp},
-                            tmp, 120000);
+      cpu_mbps = run_client(
+          {"streams", std::to_string(port), std::to_string(streams), std::to_string(per), std::to_string(chunk), tmp},
+          tmp, 120000);
     }
     char name[48];
     std::snprintf(name, sizeof name, "stream_%ublock%s", streams, streams > 1 ? "s" : "");
-    if (gpu_mbps > 0) std::printf("RESULT %s_gpu %.0f MB/s %u GPU block(s), a socket each, to CPU drains\n", name, gpu_mbps, streams);
+    if (gpu_mbps > 0)
+      std::printf("RESULT %s_gpu %.0f MB/s %u GPU block(s), a socket each, to CPU drains\n", name, gpu_mbps, streams);
     else fail((std::string(name) + "_gpu").c_str(), -EIO);
-    if (cpu_mbps > 0) std::printf("RESULT %s_cpu %.0f MB/s %u CPU client connection(s) to the same drains\n", name, cpu_mbps, streams);
+    if (cpu_mbps > 0)
+      std::printf("RESULT %s_cpu %.0f MB/s %u CPU client connection(s) to the same drains\n", name, cpu_mbps, streams);
     else fail((std::string(name) + "_cpu").c_str(), -EIO);
     if (gpu_mbps > 0 && cpu_mbps > 0)
       std::printf("RESULT %s_ratio %.2f x target >= %s\n", name, gpu_mbps / cpu_mbps, streams > 1 ? "0.9" : "1.0");

@@ -90,8 +90,10 @@ int main(int argc, char **argv) {
     else if (a == "--transport") options.transport = next();
     else if (a == "--host-backend") force_host = true;
     else {
-      std::fprintf(stderr, "usage: %s [--addr A] [--port P] [--blocks N] [--threads T] [--msgs M] [--size S] "
-                           "[--transport T] [--host-backend]\n", argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s [--addr A] [--port P] [--blocks N] [--threads T] [--msgs M] [--size S] "
+                   "[--transport T] [--host-backend]\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -117,10 +119,10 @@ int main(int argc, char **argv) {
   Grid grid;
   LaunchShape shape{blocks, threads, 0};
   const auto *res = static_cast<const ClientResult *>(results.host);
-  int rc = grid.start(backend, shape,
-                      EchoClientKernel{proxy->device_context(), server, msgs, size,
-                                       static_cast<uint8_t *>(buffers.device),
-                                       static_cast<ClientResult *>(results.device)});
+  int rc =
+      grid.start(backend, shape,
+                 EchoClientKernel{proxy->device_context(), server, msgs, size, static_cast<uint8_t *>(buffers.device),
+                                  static_cast<ClientResult *>(results.device)});
   if (rc == 0) rc = grid.wait();
   int status = rc < 0 ? 1 : 0;
   unsigned long long bytes = 0, ns = 0;

@@ -8,7 +8,9 @@
 using namespace gpusock;
 
 struct Listen {  // one block: socket, bind, listen; the fd goes to *out
-  DeviceContext ctx; uint16_t port; int *out;
+  DeviceContext ctx;
+  uint16_t port;
+  int *out;
   GS_HD void operator()() const {
     const sockaddr_in any = ipv4_address(0, 0, 0, 0, port);
     int s = gsocket(ctx, AF_INET, SOCK_STREAM);
@@ -19,7 +21,9 @@ struct Listen {  // one block: socket, bind, listen; the fd goes to *out
 };
 
 struct Echo {  // persistent: each block serves one connection at a time
-  DeviceContext ctx; int listener; uint8_t *bufs;
+  DeviceContext ctx;
+  int listener;
+  uint8_t *bufs;
   GS_HD void operator()() const {
     uint8_t *buf = bufs + block_index() * 65536;
     while (!gshould_stop(ctx)) {
@@ -49,7 +53,7 @@ int main(int argc, char **argv) {
   static volatile std::sig_atomic_t stop = 0;
   std::signal(SIGINT, [](int) { stop = 1; });
   while (!stop) pause();
-  proxy->request_kernel_stop();  // blocking calls return -ESHUTDOWN, gshould_stop() turns true
+  proxy->request_kernel_stop();       // blocking calls return -ESHUTDOWN, gshould_stop() turns true
   proxy->kernel_exited(grid.wait());  // closes what the kernels left open (the listener)
   memory->release(&fd);
   memory->release(&bufs);

@@ -37,9 +37,9 @@ struct ListenKernel {
 struct EchoServerKernel {
   DeviceContext ctx;
   int listener;
-  int conns;          // per block
-  gpollfd *polls;     // (conns + 1) per block: [0] is the listener
-  uint8_t *buffers;   // buf_size per block
+  int conns;         // per block
+  gpollfd *polls;    // (conns + 1) per block: [0] is the listener
+  uint8_t *buffers;  // buf_size per block
   uint32_t buf_size;
   unsigned long long *echoed;  // bytes, per block
   // The accepted sockets are non-blocking: a send stops where the ring is
@@ -132,8 +132,10 @@ int main(int argc, char **argv) {
     else if (a == "--transport") options.transport = next();
     else if (a == "--host-backend") force_host = true;
     else {
-      std::fprintf(stderr, "usage: %s [--port P] [--blocks N] [--threads T] [--conns C] [--seconds S] "
-                           "[--transport T] [--host-backend]\n", argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s [--port P] [--blocks N] [--threads T] [--conns C] [--seconds S] "
+                   "[--transport T] [--host-backend]\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -176,7 +178,8 @@ int main(int argc, char **argv) {
     return 1;
   }
   LaunchShape shape{blocks, threads, 0};
-  if (int rc = grid.start(backend, shape, EchoServerKernel{ctx, *listener, conns, polls, buffers, buf_size, echoed_dev});
+  if (int rc =
+          grid.start(backend, shape, EchoServerKernel{ctx, *listener, conns, polls, buffers, buf_size, echoed_dev});
       rc < 0) {
     std::fprintf(stderr, "gpu_echo_server: launch: %s\n", gs_status_name(rc));
     return 1;

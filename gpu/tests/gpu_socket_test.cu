@@ -416,8 +416,7 @@ struct Poll32Kernel {
       if (s < 0) err = s;
       if (thread_rank() == 0) pf[i] = gpollfd{s, POLLIN, 0};
     }
-    for (int i = thread_rank(); i < kSockets * 16; i += block_dim())
-      payload[i] = static_cast<uint8_t>(i * 7 + 3);
+    for (int i = thread_rank(); i < kSockets * 16; i += block_dim()) payload[i] = static_cast<uint8_t>(i * 7 + 3);
     sync_block();
     const int idle = gpoll(ctx, pf, kSockets, 0);  // nothing sent yet: nothing readable
     for (int i = 0; i < kSockets && err == 0; i += 2) {
@@ -597,11 +596,13 @@ class GpuSockets : public ::testing::Test {
   template <class K>
   void run(unsigned blocks, unsigned threads, const K &kernel, const AgentResult *res, int expected, int ms) {
     launch(blocks, threads, kernel);
-    const bool finished = wait_until([&] {
-      int n = 0;
-      for (int i = 0; i < expected; ++i) n += load_shared(&res[i].done);
-      return n == expected;
-    }, ms);
+    const bool finished = wait_until(
+        [&] {
+          int n = 0;
+          for (int i = 0; i < expected; ++i) n += load_shared(&res[i].done);
+          return n == expected;
+        },
+        ms);
     if (!finished) proxy_->request_kernel_stop();
     EXPECT_EQ(grid_.wait(), 0) << grid_.last_error();
     ASSERT_TRUE(finished) << "the kernel did not finish in " << ms << " ms";
@@ -676,11 +677,13 @@ TEST_P(GpuEcho, BlocksEchoCpuClients) {
   int code = -1;
   ASSERT_TRUE(clients.wait_exit(60000, &code)) << "clients did not finish";
   EXPECT_EQ(code, 0) << "the CPU clients saw a wrong echo";
-  ASSERT_TRUE(wait_until([&] {
-    int n = 0;
-    for (unsigned b = 0; b < c.blocks; ++b) n += load_shared(&res[b].done);
-    return n == static_cast<int>(c.blocks);
-  }, 20000));
+  ASSERT_TRUE(wait_until(
+      [&] {
+        int n = 0;
+        for (unsigned b = 0; b < c.blocks; ++b) n += load_shared(&res[b].done);
+        return n == static_cast<int>(c.blocks);
+      },
+      20000));
   int64_t bytes = 0;
   for (unsigned b = 0; b < c.blocks; ++b) {
     EXPECT_EQ(res[b].error, 0) << "block " << b << ": " << gs_status_name(res[b].error);
@@ -720,11 +723,13 @@ TEST_F(GpuSockets, WarpsEachOwnConnections) {
   int code = -1;
   ASSERT_TRUE(clients.wait_exit(60000, &code));
   EXPECT_EQ(code, 0);
-  ASSERT_TRUE(wait_until([&] {
-    int n = 0;
-    for (unsigned a = 0; a < blocks * warps; ++a) n += load_shared(&res[a].done);
-    return n == static_cast<int>(blocks * warps);
-  }, 20000));
+  ASSERT_TRUE(wait_until(
+      [&] {
+        int n = 0;
+        for (unsigned a = 0; a < blocks * warps; ++a) n += load_shared(&res[a].done);
+        return n == static_cast<int>(blocks * warps);
+      },
+      20000));
   for (unsigned a = 0; a < blocks * warps; ++a) {
     EXPECT_EQ(res[a].error, 0) << "warp " << a << ": " << gs_status_name(res[a].error);
     EXPECT_GT(res[a].bytes, 0) << "warp " << a;
@@ -749,8 +754,7 @@ TEST_F(GpuSockets, BulkGpuToCpuWithHalfClose) {
   uint8_t *data = mem_.alloc<uint8_t>(16u << 20);
   AgentResult *res = mem_.alloc<AgentResult>(count);
   Peer sink({"sink", std::to_string(port), std::to_string(count)});
-  run(1, kBlockThreads, BulkSendKernel{ctx_, port, dev_sizes, count, data, 16u << 20, 100, 0, res}, res,
-      count, 90000);
+  run(1, kBlockThreads, BulkSendKernel{ctx_, port, dev_sizes, count, data, 16u << 20, 100, 0, res}, res, count, 90000);
   for (int i = 0; i < count; ++i) {
     EXPECT_EQ(res[i].error, 0) << sizes[i] << " B: " << gs_status_name(res[i].error);
     EXPECT_EQ(static_cast<uint64_t>(res[i].bytes), sizes[i]);
@@ -865,8 +869,7 @@ TEST_F(GpuSockets, SendRingFullNonBlockingLosesNothing) {
   uint8_t *data = mem_.alloc<uint8_t>(n);
   AgentResult *res = mem_.alloc<AgentResult>(1);
   Peer sink({"sink", std::to_string(port), "1", "100"});  // reads 4 KiB, sleeps 100 µs
-  run(1, kBlockThreads, BulkSendKernel{ctx_, port, sizes, 1, data, n, 400, MSG_DONTWAIT, res}, res, 1,
-      90000);
+  run(1, kBlockThreads, BulkSendKernel{ctx_, port, sizes, 1, data, n, 400, MSG_DONTWAIT, res}, res, 1, 90000);
   EXPECT_EQ(res[0].error, 0) << gs_status_name(res[0].error);
   EXPECT_GT(res[0].eagain, 0) << "the send ring never filled";
   EXPECT_EQ(std::string(res[0].reply), expected_sink_reply(n, 400));

@@ -168,8 +168,7 @@ int pingpong_client(int port, size_t size, long iters, const char *out) {
   const double ns = watch.ns() / double(iters);
   gs_shutdown(fd, SHUT_WR);
   char tmp[16];
-  while (gs_recv(fd, tmp, sizeof tmp, 0) > 0) {
-  }
+  while (gs_recv(fd, tmp, sizeof tmp, 0) > 0) {}
   gs_close(fd);
   return write_result(out, ns) ? 0 : 1;
 }
@@ -295,8 +294,10 @@ int main(int argc, char **argv) {
     return pingpong_client(port, static_cast<size_t>(arg(3, 64)), arg(4, 1000), argv[5]);
   if (mode == "stream" && argc > 5)
     return stream_client(port, static_cast<uint64_t>(arg(3, 0)), static_cast<size_t>(arg(4, 65536)), argv[5]);
-  if (mode == "drain") return drain_server(port, static_cast<int>(arg(3, 1)), static_cast<size_t>(arg(4, 65536)), false);
-  if (mode == "drains") return drain_server(port, static_cast<int>(arg(3, 1)), static_cast<size_t>(arg(4, 65536)), true);
+  if (mode == "drain")
+    return drain_server(port, static_cast<int>(arg(3, 1)), static_cast<size_t>(arg(4, 65536)), false);
+  if (mode == "drains")
+    return drain_server(port, static_cast<int>(arg(3, 1)), static_cast<size_t>(arg(4, 65536)), true);
   if (mode == "streams" && argc > 6)
     return stream_clients(port, static_cast<int>(arg(3, 1)), static_cast<uint64_t>(arg(4, 0)),
                           static_cast<size_t>(arg(5, 65536)), argv[6]);

@@ -30,14 +30,14 @@ namespace gpusock {
 namespace channel {
 
 enum Op : uint32_t {
-  kOpNop = 0,       // completes at once (measures the doorbell round trip)
-  kOpData = 1,      // new send_tail / recv_read; no completion
-  kOpBind = 2,      // addr
-  kOpListen = 3,    // arg0 = backlog
-  kOpConnect = 4,   // addr; completes when the connect is under way
-  kOpAccept = 5,    // slot = the new socket, arg0/arg1 = listener slot/gen
-  kOpShutdown = 6,  // arg0 = SHUT_RD/SHUT_WR/SHUT_RDWR
-  kOpClose = 7,     // no completion: the slot is released once the proxy is done with it
+  kOpNop = 0,         // completes at once (measures the doorbell round trip)
+  kOpData = 1,        // new send_tail / recv_read; no completion
+  kOpBind = 2,        // addr
+  kOpListen = 3,      // arg0 = backlog
+  kOpConnect = 4,     // addr; completes when the connect is under way
+  kOpAccept = 5,      // slot = the new socket, arg0/arg1 = listener slot/gen
+  kOpShutdown = 6,    // arg0 = SHUT_RD/SHUT_WR/SHUT_RDWR
+  kOpClose = 7,       // no completion: the slot is released once the proxy is done with it
   kOpDataInline = 8,  // kOpData whose newest arg0 send bytes ride in the second line (payload):
                       // the proxy writes them into the send ring (no ring write, no fence on the GPU)
 };
@@ -45,7 +45,6 @@ enum Op : uint32_t {
 inline constexpr uint32_t kMaxAddrLen = 28;        // sizeof(sockaddr_in6)
 inline constexpr uint32_t kInlineSendBytes = 64;   // a kOpDataInline payload: the second line
 inline constexpr uint32_t kInlineRecvBytes = 104;  // InlineRecv::data
-
 
 // One request, written by one GPU thread (a block's or a warp's leader). The
 // first cache line holds everything but the address, with seq = ticket + 1 and
@@ -60,18 +59,18 @@ struct alignas(64) Request {
   uint64_t seq;
   uint32_t op;
   uint32_t slot;
-  uint32_t gen;       // which socket on that slot (slots are reused)
-  uint32_t ctrl_seq;  // answered in SocketStatus::ctrl_done
-  uint64_t send_tail; // bytes the GPU has written into the send ring (absolute)
-  uint64_t recv_read; // bytes the GPU has consumed from the receive ring (absolute)
+  uint32_t gen;        // which socket on that slot (slots are reused)
+  uint32_t ctrl_seq;   // answered in SocketStatus::ctrl_done
+  uint64_t send_tail;  // bytes the GPU has written into the send ring (absolute)
+  uint64_t recv_read;  // bytes the GPU has consumed from the receive ring (absolute)
   int32_t arg0;
   int32_t arg1;
   uint32_t addr_len;
   uint32_t reserved;
-  uint64_t check;     // request_check() of the words before it (and of the second line's used words)
-  union {             // second line, when used
-    uint8_t addr[kMaxAddrLen];           // addr_len > 0 (bind, connect)
-    uint8_t payload[kInlineSendBytes];   // kOpDataInline: arg0 bytes
+  uint64_t check;                       // request_check() of the words before it (and of the second line's used words)
+  union {                               // second line, when used
+    uint8_t addr[kMaxAddrLen];          // addr_len > 0 (bind, connect)
+    uint8_t payload[kInlineSendBytes];  // kOpDataInline: arg0 bytes
   };
 };
 static_assert(sizeof(Request) == 128, "two cache lines");
@@ -88,7 +87,8 @@ GS_HD uint64_t channel_mix(uint64_t h, uint64_t word) {
 // address (4), an inline payload (up to 8), or none. From a line that may be
 // torn: never more than the line holds.
 GS_HD int request_line1_words(const Request &r) {
-  if (r.op == kOpDataInline) return r.arg0 > 0 && r.arg0 <= static_cast<int32_t>(kInlineSendBytes) ? (r.arg0 + 7) / 8 : 0;
+  if (r.op == kOpDataInline)
+    return r.arg0 > 0 && r.arg0 <= static_cast<int32_t>(kInlineSendBytes) ? (r.arg0 + 7) / 8 : 0;
   return r.addr_len > 0 ? 4 : 0;
 }
 
@@ -103,11 +103,11 @@ GS_HD uint64_t request_check(const uint64_t *words, int line1_words) {
 
 // SocketStatus::state bits.
 enum StateBits : uint32_t {
-  kStConnected = 1u << 0,    // established: data may flow
-  kStFailed = 1u << 1,       // connect failed / refused: `error`
-  kStRecvClosed = 1u << 2,   // no more bytes will arrive (EOF once recv_write is consumed)
-  kStHangup = 1u << 3,       // the connection is gone (both directions)
-  kStError = 1u << 4,        // reset, peer death or protocol violation: `error`
+  kStConnected = 1u << 0,   // established: data may flow
+  kStFailed = 1u << 1,      // connect failed / refused: `error`
+  kStRecvClosed = 1u << 2,  // no more bytes will arrive (EOF once recv_write is consumed)
+  kStHangup = 1u << 3,      // the connection is gone (both directions)
+  kStError = 1u << 4,       // reset, peer death or protocol violation: `error`
   kStListening = 1u << 5,
 };
 
@@ -127,7 +127,8 @@ struct alignas(64) SocketStatus {
   int32_t send_error;      // negated errno once sending is impossible (EPIPE, ECONNRESET, ...)
 };
 static_assert(sizeof(SocketStatus) == 64, "one cache line per socket");
-static_assert(offsetof(SocketStatus, ctrl_done) % 8 == 0 && offsetof(SocketStatus, ctrl_result) == offsetof(SocketStatus, ctrl_done) + 4,
+static_assert(offsetof(SocketStatus, ctrl_done) % 8 == 0 &&
+                  offsetof(SocketStatus, ctrl_result) == offsetof(SocketStatus, ctrl_done) + 4,
               "ctrl_done and ctrl_result form one aligned 8-byte word");
 
 // Written by the proxy, polled by the GPU. `stop` has a line of its own that
@@ -137,7 +138,7 @@ static_assert(offsetof(SocketStatus, ctrl_done) % 8 == 0 && offsetof(SocketStatu
 struct alignas(64) ProxyShared {
   uint64_t consumed;  // requests taken off the ring (producers wait for room on it)
   uint8_t pad0[56];
-  uint32_t stop;      // the host asked the kernel to finish
+  uint32_t stop;  // the host asked the kernel to finish
   uint8_t pad1[60];
 };
 static_assert(sizeof(ProxyShared) == 128 && offsetof(ProxyShared, stop) == 64, "consumed and stop: a line each");
@@ -153,7 +154,7 @@ struct alignas(64) InlineRecv {
   uint32_t length;  // bytes in data (0: nothing)
   uint32_t reserved;
   uint8_t data[kInlineRecvBytes];
-  uint64_t check;   // inline_check() of the 15 words before it
+  uint64_t check;  // inline_check() of the 15 words before it
 };
 static_assert(sizeof(InlineRecv) == 128 && offsetof(InlineRecv, check) == 120, "two lines, check last");
 
@@ -197,12 +198,12 @@ struct DeviceContext {
   const SocketStatus *status = nullptr;
   const InlineRecv *inline_recv = nullptr;  // per slot, beside status
   DeviceSocket *sockets = nullptr;
-  uint32_t *claims = nullptr;        // per slot: times claimed (GPU atomics)
-  unsigned long long *ticket = nullptr;  // request tickets handed out (GPU atomics)
-  uint32_t *claim_cursor = nullptr;  // where the next slot search starts
+  uint32_t *claims = nullptr;                   // per slot: times claimed (GPU atomics)
+  unsigned long long *ticket = nullptr;         // request tickets handed out (GPU atomics)
+  uint32_t *claim_cursor = nullptr;             // where the next slot search starts
   unsigned long long *consumed_seen = nullptr;  // the highest ProxyShared::consumed a producer saw
-  uint8_t *rbufs = nullptr;          // buffer set i: rbufs + i * rbuf_size
-  uint8_t *sbufs = nullptr;          // buffer set i: sbufs + i * sbuf_size
+  uint8_t *rbufs = nullptr;                     // buffer set i: rbufs + i * rbuf_size
+  uint8_t *sbufs = nullptr;                     // buffer set i: sbufs + i * sbuf_size
   uint32_t rbuf_size = 0;
   uint32_t sbuf_size = 0;
   uint32_t max_sockets = 0;

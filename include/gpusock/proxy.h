@@ -69,17 +69,17 @@ struct ProxyOptions {
 
 struct ProxyStats {
   uint64_t requests = 0;
-  uint64_t connections = 0;        // established, both directions
-  uint64_t full_ring_drains = 0;   // passes that found a whole ring of requests (GPU producers were waiting)
-  uint64_t rejected_no_buffer = 0; // incoming connections left waiting: no spare buffer set
-  uint64_t orphans_closed = 0;     // sockets kernel_exited() closed for a kernel that did not
-  uint64_t passes = 0;             // proxy loop passes (ns per pass = elapsed / passes)
-  uint64_t inline_sends = 0;       // small sends that rode in their request (kOpDataInline)
-  uint64_t inline_recvs = 0;       // small arrivals copied beside the status line (InlineRecv)
+  uint64_t connections = 0;         // established, both directions
+  uint64_t full_ring_drains = 0;    // passes that found a whole ring of requests (GPU producers were waiting)
+  uint64_t rejected_no_buffer = 0;  // incoming connections left waiting: no spare buffer set
+  uint64_t orphans_closed = 0;      // sockets kernel_exited() closed for a kernel that did not
+  uint64_t passes = 0;              // proxy loop passes (ns per pass = elapsed / passes)
+  uint64_t inline_sends = 0;        // small sends that rode in their request (kOpDataInline)
+  uint64_t inline_recvs = 0;        // small arrivals copied beside the status line (InlineRecv)
   // GPU turnaround: from publishing bytes that arrived for a socket to the
   // GPU's next request that hands bytes to send on it (an echo's reply):
   // what the GPU side adds to a request-reply exchange, seen from the proxy.
-  uint64_t turnaround_ns = 0;      // summed
+  uint64_t turnaround_ns = 0;  // summed
   uint64_t turnarounds = 0;
 };
 

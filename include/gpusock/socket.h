@@ -31,13 +31,7 @@ extern "C" {
  * for rsocket compile unchanged). */
 #ifndef SOL_RDMA
 #define SOL_RDMA 0x10000
-enum {
-  RDMA_SQSIZE,
-  RDMA_RQSIZE,
-  RDMA_INLINE,
-  RDMA_IOMAPSIZE,
-  RDMA_ROUTE
-};
+enum { RDMA_SQSIZE, RDMA_RQSIZE, RDMA_INLINE, RDMA_IOMAPSIZE, RDMA_ROUTE };
 #endif
 
 int gs_socket(int domain, int type, int protocol);
@@ -50,8 +44,7 @@ int gs_shutdown(int socket, int how);
 int gs_close(int socket);
 
 ssize_t gs_recv(int socket, void *buf, size_t len, int flags);
-ssize_t gs_recvfrom(int socket, void *buf, size_t len, int flags, struct sockaddr *src_addr,
-                    socklen_t *addrlen);
+ssize_t gs_recvfrom(int socket, void *buf, size_t len, int flags, struct sockaddr *src_addr, socklen_t *addrlen);
 ssize_t gs_recvmsg(int socket, struct msghdr *msg, int flags);
 ssize_t gs_send(int socket, const void *buf, size_t len, int flags);
 ssize_t gs_sendto(int socket, const void *buf, size_t len, int flags, const struct sockaddr *dest_addr,

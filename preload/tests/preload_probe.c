@@ -43,17 +43,17 @@
 static int failures;
 static const char *self_path;
 
-#define CHECK(cond, ...)                    \
-  do {                                      \
-    if (cond) {                             \
-      printf("ok: " __VA_ARGS__);           \
-    } else {                                \
-      printf("FAIL: " __VA_ARGS__);         \
+#define CHECK(cond, ...)                                                   \
+  do {                                                                     \
+    if (cond) {                                                            \
+      printf("ok: " __VA_ARGS__);                                          \
+    } else {                                                               \
+      printf("FAIL: " __VA_ARGS__);                                        \
       printf("   (%s:%d, errno %s)", __FILE__, __LINE__, strerror(errno)); \
-      ++failures;                           \
-    }                                       \
-    printf("\n");                           \
-    fflush(stdout);                         \
+      ++failures;                                                          \
+    }                                                                      \
+    printf("\n");                                                          \
+    fflush(stdout);                                                        \
   } while (0)
 
 static double now_ms(void) {
@@ -110,7 +110,7 @@ static int tcp_connect(int port, int flags) {
   for (int tries = 0;; ++tries) {
     if (connect(fd, (struct sockaddr *)&a, sizeof a) == 0 || errno == EINPROGRESS) return fd;
     if (errno != ECONNREFUSED || tries > 50) break;
-    usleep(100000);  /* the server may still be starting */
+    usleep(100000); /* the server may still be starting */
   }
   int e = errno;
   close(fd);
@@ -173,7 +173,7 @@ static int echo_client(int port, size_t bytes) {
   unsigned char *out = malloc(bytes), *in = malloc(bytes);
   for (size_t i = 0; i < bytes; ++i) out[i] = (unsigned char)(rand() >> 7);
   size_t sent = 0, got = 0;
-  while (got < bytes) {  /* interleave, so neither side's buffers need to hold it all */
+  while (got < bytes) { /* interleave, so neither side's buffers need to hold it all */
     if (sent < bytes) {
       size_t chunk = bytes - sent < 32768 ? bytes - sent : 32768;
       if (write_all(fd, out + sent, chunk) < 0) break;
@@ -210,10 +210,11 @@ static int serve_request(int fd, const char *who) {
   unsigned char *buf = malloc(len + 1);
   if (read_all(fd, buf, len) < 0) return -1;
   char reply[64];
-  int n = snprintf(reply, sizeof reply, "OK %016llx %s\n", (unsigned long long)fnv(buf, len, 1469598103934665603ull), who);
+  int n =
+      snprintf(reply, sizeof reply, "OK %016llx %s\n", (unsigned long long)fnv(buf, len, 1469598103934665603ull), who);
   if (write_all(fd, reply, (size_t)n) < 0 || write_all(fd, buf, len) < 0) return -1;
   free(buf);
-  return 0;  /* the server side closes first (HTTP/1.0 style) */
+  return 0; /* the server side closes first (HTTP/1.0 style) */
 }
 
 static int fork_child(int fd) {
@@ -258,7 +259,7 @@ static int fork_server(int port) {
     execl(self_path, self_path, "fork-child", fdtext, (char *)NULL);
     _exit(127);
   }
-  close(c);  /* the parent's copy: the child now owns the connection */
+  close(c); /* the parent's copy: the child now owns the connection */
   int status = 0;
   waitpid(pid, &status, 0);
   CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "fork-server: exec child exited 0 (status %d)", status);
@@ -337,12 +338,20 @@ static unsigned wait_tags(int ep, int ms, unsigned want) {
   }
 }
 
-enum { T_LISTEN = 1, T_CLIENT = 2, T_UNIX = 4, T_UDP = 8, T_ACCEPTED = 16, T_ONESHOT = 32, T_SECOND = 64, T_EARLY = 128 };
+enum {
+  T_LISTEN = 1,
+  T_CLIENT = 2,
+  T_UNIX = 4,
+  T_UDP = 8,
+  T_ACCEPTED = 16,
+  T_ONESHOT = 32,
+  T_SECOND = 64,
+  T_EARLY = 128
+};
 
 static void drain(int fd) {
   char buf[4096];
-  while (recv(fd, buf, sizeof buf, MSG_DONTWAIT) > 0) {
-  }
+  while (recv(fd, buf, sizeof buf, MSG_DONTWAIT) > 0) {}
 }
 
 static int epoll_mix(int port) {
@@ -476,8 +485,8 @@ static int epoll_mix(int port) {
   n = epoll_wait(ep, got, 4, 5000);
   took = now_ms() - t0;
   pthread_join(th, NULL);
-  CHECK(n == 1 && got[0].data.u64 == T_ACCEPTED && took < 4000, "blocked epoll_wait woken by gpusock data after %.0f ms",
-        took);
+  CHECK(n == 1 && got[0].data.u64 == T_ACCEPTED && took < 4000,
+        "blocked epoll_wait woken by gpusock data after %.0f ms", took);
 
   /* poll and select over the same mix. */
   write_all(u[1], "p", 1);
@@ -505,7 +514,8 @@ static int epoll_mix(int port) {
   t0 = now_ms();
   n = epoll_wait(ep, got, 4, 5000);
   took = now_ms() - t0;
-  CHECK(n < 0 && errno == EINTR && alarms == 1 && took < 4000, "SIGALRM interrupts epoll_wait: EINTR after %.0f ms", took);
+  CHECK(n < 0 && errno == EINTR && alarms == 1 && took < 4000, "SIGALRM interrupts epoll_wait: EINTR after %.0f ms",
+        took);
   /* ... and a blocking read, which an SA_RESTART handler restarts instead. */
   int fl = fcntl(s, F_GETFL);
   CHECK(fcntl(s, F_SETFL, fl & ~O_NONBLOCK) == 0 && !(fcntl(s, F_GETFL) & O_NONBLOCK), "F_SETFL clears O_NONBLOCK");
@@ -532,7 +542,8 @@ static int epoll_mix(int port) {
   close(s);
   write_all(c, "z", 1);
   struct pollfd q = {s2, POLLIN, 0};
-  CHECK(poll(&q, 1, 3000) == 1 && read(s2, buf, 1) == 1 && buf[0] == 'z', "the dup still receives after close of the original");
+  CHECK(poll(&q, 1, 3000) == 1 && read(s2, buf, 1) == 1 && buf[0] == 'z',
+        "the dup still receives after close of the original");
   n = epoll_wait(ep, got, 4, 100);
   int stale = 0;
   for (int i = 0; i < n; ++i) stale |= got[i].data.u64 == T_ACCEPTED;
@@ -617,8 +628,7 @@ static int hold(int port, pid_t pid, int phase_ms) {
     printf("sigterm-sent-ns %lld\n", (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec);
   }
   double t0 = now_ms();
-  while ((n = read(fd, buf, sizeof buf)) > 0) {
-  }
+  while ((n = read(fd, buf, sizeof buf)) > 0) {}
   CHECK(n == 0, "hold: orderly EOF when the server stopped (after %.0f ms)", now_ms() - t0);
   close(fd);
   return failures;

@@ -18,10 +18,10 @@ struct SglEntry {
 struct ConnRecord {
   uint8_t version = kRsVersion;
   uint8_t flags = 0;
-  uint16_t credits = 0;             // sender's rq_size: initial data credits granted to the peer
-  uint8_t target_iomap_size = 0;    // scale code (§1.3.2)
-  SglEntry target_sgl;              // length = number of entries (2), not bytes
-  SglEntry data_buf;                // first half of the receive ring
+  uint16_t credits = 0;           // sender's rq_size: initial data credits granted to the peer
+  uint8_t target_iomap_size = 0;  // scale code (§1.3.2)
+  SglEntry target_sgl;            // length = number of entries (2), not bytes
+  SglEntry data_buf;              // first half of the receive ring
 };
 
 // §1.3.2: 8-bit size code. 0..128 exact; above, multiples of 256.
@@ -63,13 +63,20 @@ enum class RecordError : uint8_t {
 
 GS_HD const char *record_error_text(RecordError e) {
   switch (e) {
-    case RecordError::kNone: return "ok";
-    case RecordError::kTooShort: return "connection record shorter than 40 bytes (peer is not an rsocket)";
-    case RecordError::kNotRsocket: return "peer is not an rsocket: its connection data holds no rsocket record";
-    case RecordError::kBadVersion: return "connection record version is not 1 (peer speaks another rsocket version)";
-    case RecordError::kBadSglCount: return "connection record target SGL table does not have 2 entries";
-    case RecordError::kNoCredits: return "connection record grants no credits";
-    case RecordError::kEmptyBuffer: return "connection record advertises an empty, oversized or wrapping receive buffer";
+    case RecordError::kNone:
+      return "ok";
+    case RecordError::kTooShort:
+      return "connection record shorter than 40 bytes (peer is not an rsocket)";
+    case RecordError::kNotRsocket:
+      return "peer is not an rsocket: its connection data holds no rsocket record";
+    case RecordError::kBadVersion:
+      return "connection record version is not 1 (peer speaks another rsocket version)";
+    case RecordError::kBadSglCount:
+      return "connection record target SGL table does not have 2 entries";
+    case RecordError::kNoCredits:
+      return "connection record grants no credits";
+    case RecordError::kEmptyBuffer:
+      return "connection record advertises an empty, oversized or wrapping receive buffer";
   }
   return "?";
 }

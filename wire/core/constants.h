@@ -6,20 +6,20 @@
 
 namespace gpusock::wire {
 
-inline constexpr uint8_t kRsVersion = 1;               // §1.3: the only version ever defined
-inline constexpr uint8_t kConnFlagNet = 0x01;          // sender host is big-endian
-inline constexpr uint8_t kConnFlagIomap = 0x02;        // iomap table present (x86 sends 0x02)
-inline constexpr uint32_t kConnRecordSize = 40;        // §1.3
-inline constexpr uint32_t kSglSize = 2;                // RS_SGL_SIZE: target SGL slots
-inline constexpr uint32_t kSglRecordSize = 16;         // RS_MAX_CTRL_MSG: {addr, key, length}
-inline constexpr uint32_t kIomapRecordSize = 24;       // {offset, addr, key, length}
-inline constexpr uint32_t kOlapStartSize = 2048;       // RS_OLAP_START_SIZE
-inline constexpr uint32_t kMaxTransfer = 65536;        // RS_MAX_TRANSFER
-inline constexpr uint32_t kSndLowat = 2048;            // RS_SNDLOWAT
-inline constexpr uint16_t kQpMinSize = 16;             // RS_QP_MIN_SIZE
-inline constexpr uint16_t kQpMaxSize = 0xFFFE;         // RS_QP_MAX_SIZE
-inline constexpr uint32_t kQpCtrlSize = 4;             // RS_QP_CTRL_SIZE: outstanding control msgs
-inline constexpr uint32_t kMsgSize = 4;                // RS_MSG_SIZE: iWARP message word
+inline constexpr uint8_t kRsVersion = 1;          // §1.3: the only version ever defined
+inline constexpr uint8_t kConnFlagNet = 0x01;     // sender host is big-endian
+inline constexpr uint8_t kConnFlagIomap = 0x02;   // iomap table present (x86 sends 0x02)
+inline constexpr uint32_t kConnRecordSize = 40;   // §1.3
+inline constexpr uint32_t kSglSize = 2;           // RS_SGL_SIZE: target SGL slots
+inline constexpr uint32_t kSglRecordSize = 16;    // RS_MAX_CTRL_MSG: {addr, key, length}
+inline constexpr uint32_t kIomapRecordSize = 24;  // {offset, addr, key, length}
+inline constexpr uint32_t kOlapStartSize = 2048;  // RS_OLAP_START_SIZE
+inline constexpr uint32_t kMaxTransfer = 65536;   // RS_MAX_TRANSFER
+inline constexpr uint32_t kSndLowat = 2048;       // RS_SNDLOWAT
+inline constexpr uint16_t kQpMinSize = 16;        // RS_QP_MIN_SIZE
+inline constexpr uint16_t kQpMaxSize = 0xFFFE;    // RS_QP_MAX_SIZE
+inline constexpr uint32_t kQpCtrlSize = 4;        // RS_QP_CTRL_SIZE: outstanding control msgs
+inline constexpr uint32_t kMsgSize = 4;           // RS_MSG_SIZE: iWARP message word
 inline constexpr uint16_t kDefaultSqSize = 384;
 inline constexpr uint16_t kDefaultRqSize = 384;
 inline constexpr uint32_t kDefaultInline = 64;

@@ -13,9 +13,13 @@
 namespace gpusock::wire {
 
 template <class T>
-GS_HD constexpr T gs_min(T a, T b) { return a < b ? a : b; }
+GS_HD constexpr T gs_min(T a, T b) {
+  return a < b ? a : b;
+}
 template <class T>
-GS_HD constexpr T gs_max(T a, T b) { return a < b ? b : a; }
+GS_HD constexpr T gs_max(T a, T b) {
+  return a < b ? b : a;
+}
 
 GS_HD constexpr bool host_is_big_endian() {
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
@@ -34,7 +38,10 @@ GS_HD constexpr uint64_t bswap64(uint64_t v) {
 }
 
 // Big-endian loads and stores on byte arrays (alignment-free).
-GS_HD void store_be16(uint8_t *p, uint16_t v) { p[0] = uint8_t(v >> 8); p[1] = uint8_t(v); }
+GS_HD void store_be16(uint8_t *p, uint16_t v) {
+  p[0] = uint8_t(v >> 8);
+  p[1] = uint8_t(v);
+}
 GS_HD void store_be32(uint8_t *p, uint32_t v) {
   for (int i = 0; i < 4; ++i) p[i] = uint8_t(v >> (24 - 8 * i));
 }

@@ -8,14 +8,14 @@
 namespace gpusock::wire {
 
 enum class ImmOp : uint8_t {
-  kData = 0,           // RS_OP_DATA: value = byte length
-  kRsvdDataMore = 1,   // never sent; a receiver treats it as data
-  kWrite = 2,          // local tag for riowrite; never sent; ignored
-  kRsvdDraMore = 3,    // never sent; treated as data
-  kSgl = 4,            // RS_OP_SGL: value = absolute credit sequence (low 16 bits)
-  kRsvd = 5,           // never sent; treated as data
-  kIomapSgl = 6,       // value bits 15..0 = iomap slot index
-  kCtrl = 7,           // value = control code
+  kData = 0,          // RS_OP_DATA: value = byte length
+  kRsvdDataMore = 1,  // never sent; a receiver treats it as data
+  kWrite = 2,         // local tag for riowrite; never sent; ignored
+  kRsvdDraMore = 3,   // never sent; treated as data
+  kSgl = 4,           // RS_OP_SGL: value = absolute credit sequence (low 16 bits)
+  kRsvd = 5,          // never sent; treated as data
+  kIomapSgl = 6,      // value bits 15..0 = iomap slot index
+  kCtrl = 7,          // value = control code
 };
 
 enum CtrlCode : uint32_t {

@@ -46,30 +46,30 @@ enum class ActionKind : uint8_t {
 };
 
 enum class WriteKind : uint8_t {
-  kData,        // payload from the send ring at sbuf_offset
-  kCredits,     // SGL advert (16-byte record) or 0-byte credit update
-  kControl,     // DISCONNECT / SHUTDOWN, 0 bytes
-  kKeepalive,   // plain 0-byte write, no immediate (§3.2)
+  kData,       // payload from the send ring at sbuf_offset
+  kCredits,    // SGL advert (16-byte record) or 0-byte credit update
+  kControl,    // DISCONNECT / SHUTDOWN, 0 bytes
+  kKeepalive,  // plain 0-byte write, no immediate (§3.2)
 };
 
 struct Action {
   ActionKind kind = ActionKind::kNone;
   WriteKind write_kind = WriteKind::kData;
   bool has_imm = true;
-  bool inline_ok = false;    // length <= inline_size: the transport may post inline
-  uint32_t count = 0;        // kPostRecv
-  uint32_t imm = 0;          // host order
-  uint32_t length = 0;       // bytes to write
-  uint32_t sbuf_offset = 0;  // kData: offset of the bytes in the send ring
+  bool inline_ok = false;               // length <= inline_size: the transport may post inline
+  uint32_t count = 0;                   // kPostRecv
+  uint32_t imm = 0;                     // host order
+  uint32_t length = 0;                  // bytes to write
+  uint32_t sbuf_offset = 0;             // kData: offset of the bytes in the send ring
   uint8_t record[kSglRecordSize] = {};  // kCredits with length 16: the advert bytes
   uint64_t remote_addr = 0;
   uint32_t rkey = 0;
-  uint64_t token = 0;        // hand back in on_write_done
-  uint32_t next_olap = 0;    // core bookkeeping for commit_action; leave as is
+  uint64_t token = 0;      // hand back in on_write_done
+  uint32_t next_olap = 0;  // core bookkeeping for commit_action; leave as is
 };
 
 enum class StreamState : uint8_t {
-  kIdle,          // record not exchanged yet
+  kIdle,  // record not exchanged yet
   kConnected,
   kDisconnected,  // in-band DISCONNECT sent/received or transport gone
   kError,         // protocol violation or transport error: error() says which
@@ -162,7 +162,7 @@ class Stream {
 
  private:
   struct Outstanding {
-    uint32_t bytes;    // send-ring bytes freed on completion
+    uint32_t bytes;  // send-ring bytes freed on completion
     WriteKind kind;
     uint8_t ctrl_code;
     bool done;
@@ -186,9 +186,9 @@ class Stream {
   LocalLayout layout_{};
 
   // peer
-  SglEntry peer_table_{};     // where our adverts go (peer's target SGL table)
-  SglEntry peer_ring_{};      // the peer's whole receive ring (2 × data_buf)
-  uint16_t peer_credits_ = 0; // peer's rq_size
+  SglEntry peer_table_{};      // where our adverts go (peer's target SGL table)
+  SglEntry peer_ring_{};       // the peer's whole receive ring (2 × data_buf)
+  uint16_t peer_credits_ = 0;  // peer's rq_size
   bool peer_big_endian_ = false;
   uint32_t peer_next_slot_ = 1;  // §1.3.1: slot 0 is filled by data_buf
 
@@ -197,7 +197,7 @@ class Stream {
   bool readable_ = true, writable_ = true;
   gs_status_t error_ = 0;
   const char *error_reason_ = nullptr;
-  bool ctrl_pending_ = false;   // a SHUTDOWN/DISCONNECT must follow the queued data
+  bool ctrl_pending_ = false;  // a SHUTDOWN/DISCONNECT must follow the queued data
   bool disconnect_sent_ = false;
   bool disconnect_done_ = false;
   bool shutdown_sent_ = false;
@@ -208,12 +208,12 @@ class Stream {
   bool keepalive_pending_ = false;
 
   // receiver side (we own the ring)
-  uint64_t recv_write_ = 0;    // bytes received (ring write position)
-  uint64_t recv_read_ = 0;     // bytes consumed by the app
-  uint64_t advertised_ = 0;    // bytes of ring ever advertised (whole halves)
-  uint16_t rseq_no_ = 0;       // data messages received
-  uint16_t rseq_comp_ = 0;     // send a credit update when rseq_no_ reaches this
-  uint16_t granted_ = 0;       // credit limit last sent: peer may send rseq < granted_
+  uint64_t recv_write_ = 0;  // bytes received (ring write position)
+  uint64_t recv_read_ = 0;   // bytes consumed by the app
+  uint64_t advertised_ = 0;  // bytes of ring ever advertised (whole halves)
+  uint16_t rseq_no_ = 0;     // data messages received
+  uint16_t rseq_comp_ = 0;   // send a credit update when rseq_no_ reaches this
+  uint16_t granted_ = 0;     // credit limit last sent: peer may send rseq < granted_
   uint32_t recv_posts_owed_ = 0;
 
   // sender side (we write into the peer's ring)

@@ -13,17 +13,17 @@
 namespace gpusock::wire::fabric {
 
 struct ProviderAttr {
-  const char *spec;              // transport spec: "fabric:tcp"
-  const char *prov_name;         // libfabric provider name: "tcp"
-  fi_ep_type ep_type;            // FI_EP_MSG (kernel connections) or FI_EP_RDM
-  bool device_memory;            // provider can register device memory (FI_HMEM)
-  bool imm_consumes_recv;        // remote CQ data consumes a posted receive
-                                 // (FI_RX_CQ_DATA); the mode bit fi_getinfo
-                                 // returns has the last word at run time
-  uint32_t max_private_data;     // bytes connect/accept can carry (we cap at 64)
-  uint64_t mr_mode;              // mr_mode bits we offer in the hints
-  uint64_t mode;                 // mode bits we can honour
-  size_t tx_size;                // queue depths we ask for (0: provider default)
+  const char *spec;           // transport spec: "fabric:tcp"
+  const char *prov_name;      // libfabric provider name: "tcp"
+  fi_ep_type ep_type;         // FI_EP_MSG (kernel connections) or FI_EP_RDM
+  bool device_memory;         // provider can register device memory (FI_HMEM)
+  bool imm_consumes_recv;     // remote CQ data consumes a posted receive
+                              // (FI_RX_CQ_DATA); the mode bit fi_getinfo
+                              // returns has the last word at run time
+  uint32_t max_private_data;  // bytes connect/accept can carry (we cap at 64)
+  uint64_t mr_mode;           // mr_mode bits we offer in the hints
+  uint64_t mode;              // mode bits we can honour
+  size_t tx_size;             // queue depths we ask for (0: provider default)
   size_t rx_size;
 };
 

@@ -19,21 +19,30 @@ int fi_status(int64_t fi_ret) {
   const int64_t code = -fi_ret;
   if (code < FI_ERRNO_OFFSET) return static_cast<int>(-code);  // FI_E* below 256 are errno values
   switch (code) {
-    case FI_ETOOSMALL: return -ENOBUFS;
-    case FI_EOPBADSTATE: return -ENOTCONN;
-    case FI_EBADFLAGS: return -EINVAL;
+    case FI_ETOOSMALL:
+      return -ENOBUFS;
+    case FI_EOPBADSTATE:
+      return -ENOTCONN;
+    case FI_EBADFLAGS:
+      return -EINVAL;
     case FI_ENOEQ:
     case FI_EDOMAIN:
     case FI_ENOCQ:
-    case FI_ENOAV: return -EINVAL;
-    case FI_ETRUNC: return -EMSGSIZE;
-    case FI_ENOKEY: return -EKEYREJECTED;
-    case FI_EOVERRUN: return -EOVERFLOW;
-    case FI_ENORX: return -ENOBUFS;
+    case FI_ENOAV:
+      return -EINVAL;
+    case FI_ETRUNC:
+      return -EMSGSIZE;
+    case FI_ENOKEY:
+      return -EKEYREJECTED;
+    case FI_EOVERRUN:
+      return -EOVERFLOW;
+    case FI_ENORX:
+      return -ENOBUFS;
     case FI_EAVAIL:
     case FI_ECRC:
     case FI_EOTHER:
-    default: return -EIO;
+    default:
+      return -EIO;
   }
 }
 
@@ -80,7 +89,8 @@ gs_status_t FabricEndpointBase::post_write_to(fid_ep *ep, fi_addr_t dest, const 
   if (state_ != State::kEstablished) [[unlikely]] {
     return state_ == State::kClosed ? -ECONNRESET : -ENOTCONN;
   }
-  if (ring_.full()) [[unlikely]] return -EAGAIN;
+  if (ring_.full()) [[unlikely]]
+    return -EAGAIN;
   ssize_t ret;
   if (request.inline_data && request.length <= inject_size_) {
     if (request.has_imm) {
@@ -89,7 +99,8 @@ gs_status_t FabricEndpointBase::post_write_to(fid_ep *ep, fi_addr_t dest, const 
     } else {
       ret = fi_inject_write(ep, request.local, request.length, dest, request.remote_addr, request.rkey);
     }
-    if (ret != 0) [[unlikely]] return fi_status(ret);
+    if (ret != 0) [[unlikely]]
+      return fi_status(ret);
     ring_.push_done(request.token);
     return 0;
   }
@@ -141,8 +152,8 @@ gs_status_t FabricDomainBase::open_base(std::string *error) {
   int ret = fi_getinfo(FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION), nullptr, nullptr, 0, hints.get(), &list);
   if (ret != 0) {
     if (error != nullptr) {
-      *error = std::string("gpusock: libfabric provider '") + attr_.prov_name + "' not available (fi_getinfo: " +
-               fi_error_text(ret) + ")";
+      *error = std::string("gpusock: libfabric provider '") + attr_.prov_name +
+               "' not available (fi_getinfo: " + fi_error_text(ret) + ")";
     }
     return ret == -FI_ENODATA ? -ENOENT : fi_status(ret);
   }
@@ -159,8 +170,8 @@ gs_status_t FabricDomainBase::open_base(std::string *error) {
   if (chosen->domain_attr->cq_data_size < 4) {
     if (error != nullptr) {
       *error = std::string("gpusock: libfabric provider '") + attr_.prov_name +
-               "' cannot carry a 32-bit immediate (cq_data_size " +
-               std::to_string(chosen->domain_attr->cq_data_size) + ")";
+               "' cannot carry a 32-bit immediate (cq_data_size " + std::to_string(chosen->domain_attr->cq_data_size) +
+               ")";
     }
     return -ENOTSUP;
   }
@@ -259,9 +270,12 @@ const std::string &error_detail() { return t_error_detail; }
 socklen_t sockaddr_len(const sockaddr *addr) {
   if (addr == nullptr) return 0;
   switch (addr->sa_family) {
-    case AF_INET: return sizeof(sockaddr_in);
-    case AF_INET6: return sizeof(sockaddr_in6);
-    default: return 0;
+    case AF_INET:
+      return sizeof(sockaddr_in);
+    case AF_INET6:
+      return sizeof(sockaddr_in6);
+    default:
+      return 0;
   }
 }
 
@@ -288,8 +302,10 @@ gs_status_t open_fabric_domain(std::string_view spec, std::unique_ptr<Domain> *o
     return -EINVAL;
   }
   switch (attr->ep_type) {
-    case FI_EP_MSG: return open_msg_domain(*attr, out, error);
-    case FI_EP_RDM: return open_rdm_domain(*attr, out, error);
+    case FI_EP_MSG:
+      return open_msg_domain(*attr, out, error);
+    case FI_EP_RDM:
+      return open_rdm_domain(*attr, out, error);
     default:
       if (error != nullptr) *error = "gpusock: unsupported endpoint type for " + std::string(spec);
       return -ENOTSUP;

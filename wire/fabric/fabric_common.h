@@ -127,7 +127,8 @@ class FabricDomainBase : public Domain {
   ~FabricDomainBase() override;
 
   const TransportCaps &caps() const override { return caps_; }
-  DeviceMemorySupport device_memory_support(void *gpu_buffer, size_t length, int cuda_device) override;  // fabric_hmem.cc
+  DeviceMemorySupport device_memory_support(void *gpu_buffer, size_t length,
+                                            int cuda_device) override;  // fabric_hmem.cc
   gs_status_t register_memory(void *base, size_t length, unsigned access, MemoryRegion *out) override;
   void deregister_memory(MemoryRegion *region) override;
 

@@ -53,9 +53,10 @@ DeviceMemorySupport FabricDomainBase::device_memory_support(void *gpu_buffer, si
       answer = {true, "libfabric " + prov + " registers CUDA memory (FI_HMEM_CUDA)"};
       close_fid(mr);
     } else {
-      answer.why = "libfabric " + prov + " cannot register CUDA memory (fi_mr_regattr FI_HMEM_CUDA: " +
-                   fi_error_text(ret) + "; libfabric " + std::to_string(FI_MAJOR(fi_version())) + "." +
-                   std::to_string(FI_MINOR(fi_version())) + " built without CUDA)";
+      answer.why = "libfabric " + prov +
+                   " cannot register CUDA memory (fi_mr_regattr FI_HMEM_CUDA: " + fi_error_text(ret) + "; libfabric " +
+                   std::to_string(FI_MAJOR(fi_version())) + "." + std::to_string(FI_MINOR(fi_version())) +
+                   " built without CUDA)";
     }
   }
   close_fid(domain);

@@ -80,8 +80,7 @@ class MsgListener final : public Listener {
 
 void drain_eventfd(int fd) {
   uint64_t value;
-  while (read(fd, &value, sizeof(value)) < 0 && errno == EINTR) {
-  }
+  while (read(fd, &value, sizeof(value)) < 0 && errno == EINTR) {}
 }
 
 }  // namespace
@@ -217,8 +216,12 @@ void MsgDomain::pump_locked() {
         raw.type = RawCmEvent::kConnReq;
         raw.info = entry->info;
         break;
-      case FI_CONNECTED: raw.type = RawCmEvent::kConnected; break;
-      case FI_SHUTDOWN: raw.type = RawCmEvent::kShutdown; break;
+      case FI_CONNECTED:
+        raw.type = RawCmEvent::kConnected;
+        break;
+      case FI_SHUTDOWN:
+        raw.type = RawCmEvent::kShutdown;
+        break;
       default:
         if (entry->info != nullptr) fi_freeinfo(entry->info);
         continue;

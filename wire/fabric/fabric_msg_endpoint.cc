@@ -18,8 +18,7 @@ class MsgEndpoint final : public FabricEndpointBase {
   gs_status_t init_from_request(MsgConnectionRequest *request);
   gs_status_t start_accept(MsgConnectionRequest *request, const void *private_data, uint32_t private_len);
 
-  gs_status_t connect(const sockaddr *addr, socklen_t len, const void *private_data,
-                      uint32_t private_len) override;
+  gs_status_t connect(const sockaddr *addr, socklen_t len, const void *private_data, uint32_t private_len) override;
   gs_status_t post_write(const WriteRequest &request) override;
   gs_status_t post_recv(uint32_t count) override;
   int poll(Completion *out, int max) override;
@@ -38,15 +37,15 @@ class MsgEndpoint final : public FabricEndpointBase {
   MsgDomain *domain_;
   fid_ep *ep_ = nullptr;
   fid_cq *cq_ = nullptr;
-  int wait_fd_ = -1;                // the CQ's wait object (an epoll fd)
+  int wait_fd_ = -1;  // the CQ's wait object (an epoll fd)
   CmMailbox mailbox_;
   bool registered_ = false;
   bool rx_cq_data_ = false;
-  bool cq_dirty_ = false;           // the CQ may hold entries: our last read was not empty
-  uint32_t deferred_recvs_ = 0;     // FI_RX_CQ_DATA: receives asked for before the ep existed
+  bool cq_dirty_ = false;        // the CQ may hold entries: our last read was not empty
+  uint32_t deferred_recvs_ = 0;  // FI_RX_CQ_DATA: receives asked for before the ep existed
   uint64_t last_cm_check_ms_ = 0;
-  bool cm_check_now_ = false;       // poll() saw an error: look at the EQ soon
-  uint8_t peer_record_[64] = {};    // passive side: the client's private data
+  bool cm_check_now_ = false;     // poll() saw an error: look at the EQ soon
+  uint8_t peer_record_[64] = {};  // passive side: the client's private data
   uint32_t peer_record_len_ = 0;
   static char recv_dummy_;
 };
@@ -85,8 +84,7 @@ gs_status_t MsgEndpoint::init_from_request(MsgConnectionRequest *request) {
   return 0;
 }
 
-gs_status_t MsgEndpoint::start_accept(MsgConnectionRequest *request, const void *private_data,
-                                      uint32_t private_len) {
+gs_status_t MsgEndpoint::start_accept(MsgConnectionRequest *request, const void *private_data, uint32_t private_len) {
   if (ep_ == nullptr || state_ != State::kIdle) return -EINVAL;
   gs_status_t ret = post_recvs(deferred_recvs_);
   if (ret < 0) return ret;
@@ -110,8 +108,7 @@ MsgEndpoint::~MsgEndpoint() {
   close_fid(cq_);
 }
 
-gs_status_t MsgEndpoint::connect(const sockaddr *addr, socklen_t len, const void *private_data,
-                                 uint32_t private_len) {
+gs_status_t MsgEndpoint::connect(const sockaddr *addr, socklen_t len, const void *private_data, uint32_t private_len) {
   sockaddr_storage peer;
   if (!copy_sockaddr(addr, len, &peer)) return -EINVAL;
   if (private_len > sizeof(peer_record_) || (private_len != 0 && private_data == nullptr)) return -EINVAL;

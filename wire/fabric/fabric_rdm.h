@@ -102,8 +102,7 @@ struct PeerRef {
 // Put endpoint `name` of process `pid` in self's AV and open its bell (rings
 // go from `ringer`). An in-process peer is pinned first: -ECONNREFUSED if it
 // is gone.
-gs_status_t insert_peer(const std::shared_ptr<RdmShared> &self, const char *name, pid_t pid, int ringer,
-                        PeerRef *out);
+gs_status_t insert_peer(const std::shared_ptr<RdmShared> &self, const char *name, pid_t pid, int ringer, PeerRef *out);
 // Drop a peer from the AV; for shm this also frees its slot in the region map
 // (256 slots) and unmaps a cross-process peer's region.
 void remove_peer(fid_av *av, PeerRef *ref);
@@ -151,7 +150,7 @@ struct RdmListenerCore {
   std::vector<CtrlMsg> bufs;
   std::deque<PendingCtrl> pending;
   std::atomic<size_t> pending_count{0};  // pending.size(), for maybe_ready
-  bool send_blocked = false;  // the front of `pending` met -FI_EAGAIN: ask its client to ring back
+  bool send_blocked = false;             // the front of `pending` met -FI_EAGAIN: ask its client to ring back
   int rendezvous_fd = -1;
   std::string rendezvous;
   bool closed = false;  // the Listener object is gone; requests may live on

@@ -38,8 +38,7 @@ gs_status_t RdmEndpoint::init_from_request(RdmConnectionRequest *request) {
   return 0;
 }
 
-gs_status_t RdmEndpoint::start_accept(RdmConnectionRequest *request, const void *private_data,
-                                      uint32_t private_len) {
+gs_status_t RdmEndpoint::start_accept(RdmConnectionRequest *request, const void *private_data, uint32_t private_len) {
   if (state_ != State::kIdle || !peer_.valid() || request->msg().nonce != nonce_) return -EINVAL;
   CtrlMsg msg = make_ctrl(kAccept, nonce_, shared_->name);
   msg.src = local_;
@@ -87,8 +86,7 @@ void RdmEndpoint::fail_connect(int status) {
   if (shared_) remove_peer(shared_->av, &listener_);
 }
 
-gs_status_t RdmEndpoint::connect(const sockaddr *addr, socklen_t len, const void *private_data,
-                                 uint32_t private_len) {
+gs_status_t RdmEndpoint::connect(const sockaddr *addr, socklen_t len, const void *private_data, uint32_t private_len) {
   sockaddr_storage dst;
   if (!copy_sockaddr(addr, len, &dst)) return -EINVAL;
   if (private_len > sizeof(CtrlMsg{}.private_data) || (private_len != 0 && private_data == nullptr)) return -EINVAL;
@@ -261,13 +259,16 @@ int RdmEndpoint::poll(Completion *out, int max) {
     n = take;
   }
   // A dead peer is noticed before the provider is called again (see "Torn enqueues").
-  if (liveness_now_ || verdict_waiting()) [[unlikely]] check_liveness();
+  if (liveness_now_ || verdict_waiting()) [[unlikely]]
+    check_liveness();
   before_pass();
-  if (ctrl_pending_) [[unlikely]] flush_ctrl();
+  if (ctrl_pending_) [[unlikely]]
+    flush_ctrl();
   int produced = 0;
   const int got = process_cq(out + n, max - n, &produced);
   after_pass();
-  if (got < 0) [[unlikely]] return got;
+  if (got < 0) [[unlikely]]
+    return got;
   n += produced;
   if (got == 0 && (++idle_polls_ & 15) == 0) check_liveness();
   if (!ring_.empty()) n += ring_.drain(out + n, max - n);

@@ -26,8 +26,7 @@ class RdmEndpoint final : public FabricEndpointBase {
   gs_status_t init_from_request(RdmConnectionRequest *request);
   gs_status_t start_accept(RdmConnectionRequest *request, const void *private_data, uint32_t private_len);
 
-  gs_status_t connect(const sockaddr *addr, socklen_t len, const void *private_data,
-                      uint32_t private_len) override;
+  gs_status_t connect(const sockaddr *addr, socklen_t len, const void *private_data, uint32_t private_len) override;
   gs_status_t post_write(const WriteRequest &request) override;
   gs_status_t post_recv(uint32_t) override { return 0; }  // shm: remote CQ data needs no receive
   int poll(Completion *out, int max) override;
@@ -69,10 +68,12 @@ class RdmEndpoint final : public FabricEndpointBase {
   int process_cq(Completion *out, int max, int *produced);
   // Around a progress pass: ring-back requests collected before, served after.
   void before_pass() {
-    if (shared_->bell.requests_pending()) [[unlikely]] shared_->bell.collect_requests();
+    if (shared_->bell.requests_pending()) [[unlikely]]
+      shared_->bell.collect_requests();
   }
   void after_pass() {
-    if (shared_->bell.has_requesters()) [[unlikely]] shared_->bell.serve_requests(domain_->ringer());
+    if (shared_->bell.has_requesters()) [[unlikely]]
+      shared_->bell.serve_requests(domain_->ringer());
   }
   // Watch a cross-process peer (or the listener while connecting): the
   // watchdog releases the locks of its region and ours when it dies.
@@ -110,7 +111,7 @@ class RdmEndpoint final : public FabricEndpointBase {
   std::shared_ptr<RdmShared> shared_;
   CtrlMsg ctrl_bufs_[kConnCtrlBufs];
   std::deque<CmEvent> events_;
-  std::vector<Completion> stash_;   // data completions read by poll_cm
+  std::vector<Completion> stash_;  // data completions read by poll_cm
   bool ctrl_pending_ = false;
   CtrlMsg pending_msg_;
   const PeerRef *pending_dest_ = nullptr;  // &listener_ or &peer_

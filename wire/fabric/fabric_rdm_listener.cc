@@ -36,7 +36,8 @@ int RdmListener::get_request(std::unique_ptr<ConnectionRequest> *out) {
   if (ready_.empty()) {
     std::lock_guard<std::mutex> lock(core_->mu);
     shm::Bell &bell = core_->shared->bell;
-    if (bell.requests_pending()) [[unlikely]] bell.collect_requests();
+    if (bell.requests_pending()) [[unlikely]]
+      bell.collect_requests();
     core_->flush_pending_locked();
     const int ringer = core_->domain->ringer();
     core_->drain_locked([&](const CtrlMsg &msg) {
@@ -51,7 +52,8 @@ int RdmListener::get_request(std::unique_ptr<ConnectionRequest> *out) {
       core_->send_ack_locked(request->client().addr, &request->client().bell, msg.nonce);
       ready_.push_back(std::move(request));
     });
-    if (bell.has_requesters()) [[unlikely]] bell.serve_requests(ringer);
+    if (bell.has_requesters()) [[unlikely]]
+      bell.serve_requests(ringer);
   }
   if (ready_.empty()) return 0;
   *out = std::move(ready_.front());
@@ -179,7 +181,8 @@ void RdmListenerCore::drain_locked(F &&on_request) {
 void RdmListenerCore::refuse_unhandled_locked() {
   drain_locked([this](const CtrlMsg &msg) {
     PeerRef peer;
-    if (insert_peer(shared, msg.name, msg.pid, domain->ringer(), &peer) == 0) send_reject_locked(std::move(peer), msg.nonce);
+    if (insert_peer(shared, msg.name, msg.pid, domain->ringer(), &peer) == 0)
+      send_reject_locked(std::move(peer), msg.nonce);
   });
   for (int spin = 0; spin < 200 && !pending.empty(); ++spin) {
     (void)fi_cq_read(shared->cq, nullptr, 0);

@@ -162,8 +162,7 @@ void unpin_inbound(const std::shared_ptr<RdmShared> &self, const char *peer_name
   }
 }
 
-gs_status_t insert_peer(const std::shared_ptr<RdmShared> &self, const char *name, pid_t pid, int ringer,
-                        PeerRef *out) {
+gs_status_t insert_peer(const std::shared_ptr<RdmShared> &self, const char *name, pid_t pid, int ringer, PeerRef *out) {
   if (memchr(name, '\0', kNameMax) == nullptr) return -EINVAL;
   std::shared_ptr<RdmShared> pin;
   if (pid == getpid()) {

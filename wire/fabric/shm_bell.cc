@@ -42,7 +42,8 @@ BellPage *map_bell_page(int fd, const std::string &name, bool create, void **hea
   } else if (file_size < head.total_size + kBellPageSize) {
     return nullptr;  // a peer without a bell
   }
-  void *page = mmap(nullptr, kBellPageSize, PROT_READ | PROT_WRITE, MAP_SHARED, fd, static_cast<off_t>(head.total_size));
+  void *page =
+      mmap(nullptr, kBellPageSize, PROT_READ | PROT_WRITE, MAP_SHARED, fd, static_cast<off_t>(head.total_size));
   if (page == MAP_FAILED) return nullptr;
   if (head_map != nullptr) {
     *head_map = mmap(nullptr, kBellPageSize, PROT_READ, MAP_SHARED, fd, 0);
@@ -226,8 +227,7 @@ int PeerBell::ring() const {
   }
   int rc = -ENOTCONN;
   if (connected_ >= 0) {
-    while ((rc = send(connected_, &kWake, 1, MSG_DONTWAIT | MSG_NOSIGNAL)) < 0 && errno == EINTR) {
-    }
+    while ((rc = send(connected_, &kWake, 1, MSG_DONTWAIT | MSG_NOSIGNAL)) < 0 && errno == EINTR) {}
     rc = rc >= 0 ? 0 : -errno;
     if (rc == -ECONNREFUSED || rc == -ENOTCONN) {  // its bell was made again: by path from now on
       close(connected_);

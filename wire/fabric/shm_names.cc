@@ -99,7 +99,8 @@ std::string shm_path(const char *dir, const std::string &name) { return std::str
 
 // Does `name` still name the file open as `fd`?
 bool still_named(const char *dir, const std::string &name, int fd) {
-  struct stat by_fd {}, by_name {};
+  struct stat by_fd {
+  }, by_name{};
   if (fstat(fd, &by_fd) != 0 || stat(shm_path(dir, name).c_str(), &by_name) != 0) return false;
   return by_fd.st_dev == by_name.st_dev && by_fd.st_ino == by_name.st_ino;
 }
@@ -119,8 +120,8 @@ bool locked_by_someone(int fd) {
 }
 
 std::string describe_owner(const std::string &name, const Rendezvous &rv) {
-  return "fabric:shm: " + name + " is in use by process " + std::to_string(rv.pid) + " (listener endpoint " +
-         rv.name + ")";
+  return "fabric:shm: " + name + " is in use by process " + std::to_string(rv.pid) + " (listener endpoint " + rv.name +
+         ")";
 }
 
 }  // namespace
@@ -229,9 +230,7 @@ bool endpoint_owner_alive(std::string_view name) {
   return !parse_endpoint_name(name, &owner) || process_alive(owner);
 }
 
-std::string bell_path(const std::string &endpoint_name) {
-  return shm_path(kShmDir, endpoint_name + kBellSuffix);
-}
+std::string bell_path(const std::string &endpoint_name) { return shm_path(kShmDir, endpoint_name + kBellSuffix); }
 
 void unlink_endpoint_files(const std::string &name) {
   shm_unlink(name.c_str());

@@ -13,12 +13,12 @@
 
 #include "wire/core/conn_record.h"
 
-#define CHECK(c)                                                                  \
-  do {                                                                            \
-    if (!(c)) {                                                                   \
-      fprintf(stderr, "CHECK failed: %s (%s:%d)\n", #c, __FILE__, __LINE__);      \
-      abort();                                                                    \
-    }                                                                             \
+#define CHECK(c)                                                             \
+  do {                                                                       \
+    if (!(c)) {                                                              \
+      fprintf(stderr, "CHECK failed: %s (%s:%d)\n", #c, __FILE__, __LINE__); \
+      abort();                                                               \
+    }                                                                        \
   } while (0)
 
 using namespace gpusock::wire;

@@ -30,20 +30,20 @@
 
 #include "wire/tests/harness.h"
 
-#define CHECK(c)                                                                  \
-  do {                                                                            \
-    if (!(c)) {                                                                   \
-      fprintf(stderr, "CHECK failed: %s (%s:%d)\n", #c, __FILE__, __LINE__);      \
-      abort();                                                                    \
-    }                                                                             \
+#define CHECK(c)                                                             \
+  do {                                                                       \
+    if (!(c)) {                                                              \
+      fprintf(stderr, "CHECK failed: %s (%s:%d)\n", #c, __FILE__, __LINE__); \
+      abort();                                                               \
+    }                                                                        \
   } while (0)
 
-#define CHECK_MSG(c, msg)                                                                          \
-  do {                                                                                             \
-    if (!(c)) {                                                                                    \
+#define CHECK_MSG(c, msg)                                                                                  \
+  do {                                                                                                     \
+    if (!(c)) {                                                                                            \
       fprintf(stderr, "CHECK failed: %s (%s:%d): %s\n", #c, __FILE__, __LINE__, std::string(msg).c_str()); \
-      abort();                                                                                     \
-    }                                                                                              \
+      abort();                                                                                             \
+    }                                                                                                      \
   } while (0)
 
 using namespace gpusock::wire;
@@ -402,13 +402,11 @@ void run_pair(FuzzedDataProvider &f) {
   for (int steps = 0; steps < 2000 && f.remaining_bytes() > 0; ++steps) {
     const int i = f.ConsumeBool() ? 1 : 0;
     switch (f.ConsumeIntegralInRange<int>(0, 11)) {
-      case 0:
-      {
+      case 0: {
         // Bounded by a few peer rings' worth, so tiny rings stay cheap.
         const uint64_t cap = std::min<uint64_t>(70000, 4ull * p[1 - i].s.rbuf_size());
         p[i].send_pattern(f.ConsumeIntegralInRange<uint64_t>(0, f.ConsumeBool() ? std::min<uint64_t>(100, cap) : cap));
-      }
-        break;
+      } break;
       case 1:
         p[i].recv_check(f.ConsumeIntegralInRange<uint64_t>(0, f.ConsumeBool() ? 100 : 140000), &err);
         break;
@@ -452,7 +450,8 @@ void run_pair(FuzzedDataProvider &f) {
       if (!shut_rd[1 - i]) CHECK_MSG(p[1 - i].app_recv == p[i].app_sent, "data lost" + describe(p));
     }
   } else {
-    for (int i = 0; i < 2; ++i) CHECK_MSG(p[i].s.ready_for_teardown(), "closed but not ready for teardown" + describe(p));
+    for (int i = 0; i < 2; ++i)
+      CHECK_MSG(p[i].s.ready_for_teardown(), "closed but not ready for teardown" + describe(p));
   }
   CHECK(p[0].send_sum.h == p[1].recv_sum.h || shut_rd[1] || !conn0);
   CHECK(p[1].send_sum.h == p[0].recv_sum.h || shut_rd[0] || !conn0);

@@ -103,12 +103,30 @@ int gs_socket(int domain, int type, int protocol) {
   });
 }
 
-int gs_bind(int fd, const struct sockaddr *addr, socklen_t len) { return with_socket<int>(fd, [&](StreamSocket &sock) { auto *s = &sock; return s->bind(addr, len); }); }
-int gs_listen(int fd, int backlog) { return with_socket<int>(fd, [&](StreamSocket &sock) { auto *s = &sock; return s->listen(backlog); }); }
-int gs_connect(int fd, const struct sockaddr *addr, socklen_t len) {
-  return with_socket<int>(fd, [&](StreamSocket &sock) { auto *s = &sock; return s->connect(addr, len); });
+int gs_bind(int fd, const struct sockaddr *addr, socklen_t len) {
+  return with_socket<int>(fd, [&](StreamSocket &sock) {
+    auto *s = &sock;
+    return s->bind(addr, len);
+  });
 }
-int gs_shutdown(int fd, int how) { return with_socket<int>(fd, [&](StreamSocket &sock) { auto *s = &sock; return s->shutdown(how); }); }
+int gs_listen(int fd, int backlog) {
+  return with_socket<int>(fd, [&](StreamSocket &sock) {
+    auto *s = &sock;
+    return s->listen(backlog);
+  });
+}
+int gs_connect(int fd, const struct sockaddr *addr, socklen_t len) {
+  return with_socket<int>(fd, [&](StreamSocket &sock) {
+    auto *s = &sock;
+    return s->connect(addr, len);
+  });
+}
+int gs_shutdown(int fd, int how) {
+  return with_socket<int>(fd, [&](StreamSocket &sock) {
+    auto *s = &sock;
+    return s->shutdown(how);
+  });
+}
 
 int gs_accept4(int fd, struct sockaddr *addr, socklen_t *addrlen, int flags) {
   return guarded([&]() -> int {
@@ -132,32 +150,47 @@ ssize_t gs_recvmsg(int fd, struct msghdr *msg, int flags) {
   if (!msg) return finish<ssize_t>(-EFAULT);
   msg->msg_controllen = 0;  // no ancillary data on stream rsockets
   msg->msg_flags = 0;
-  return with_socket<ssize_t>(fd, [&](StreamSocket &sock) { auto *s = &sock; return s->recv(msg->msg_iov, static_cast<int>(msg->msg_iovlen), flags); });
+  return with_socket<ssize_t>(fd, [&](StreamSocket &sock) {
+    auto *s = &sock;
+    return s->recv(msg->msg_iov, static_cast<int>(msg->msg_iovlen), flags);
+  });
 }
 
 ssize_t gs_sendmsg(int fd, const struct msghdr *msg, int flags) {
   if (!msg) return finish<ssize_t>(-EFAULT);
   if (msg->msg_control && msg->msg_controllen) return finish<ssize_t>(-ENOTSUP);
-  return with_socket<ssize_t>(fd, [&](StreamSocket &sock) { auto *s = &sock; return s->send(msg->msg_iov, static_cast<int>(msg->msg_iovlen), flags); });
+  return with_socket<ssize_t>(fd, [&](StreamSocket &sock) {
+    auto *s = &sock;
+    return s->send(msg->msg_iov, static_cast<int>(msg->msg_iovlen), flags);
+  });
 }
 
 ssize_t gs_recv(int fd, void *buf, size_t len, int flags) {
   iovec iov{buf, len};
-  return with_socket<ssize_t>(fd, [&](StreamSocket &sock) { auto *s = &sock; return s->recv(&iov, 1, flags); });
+  return with_socket<ssize_t>(fd, [&](StreamSocket &sock) {
+    auto *s = &sock;
+    return s->recv(&iov, 1, flags);
+  });
 }
 
 ssize_t gs_recvfrom(int fd, void *buf, size_t len, int flags, struct sockaddr *src, socklen_t *srclen) {
   iovec iov{buf, len};
-  return with_socket<ssize_t>(fd, [&](StreamSocket &sock) { auto *s = &sock; return ([&]() -> ssize_t {
-                          ssize_t n = s->recv(&iov, 1, flags);
-                          if (n >= 0 && src && srclen) s->getpeername(src, srclen);
-                          return n;
-                        }()); });
+  return with_socket<ssize_t>(fd, [&](StreamSocket &sock) {
+    auto *s = &sock;
+    return ([&]() -> ssize_t {
+      ssize_t n = s->recv(&iov, 1, flags);
+      if (n >= 0 && src && srclen) s->getpeername(src, srclen);
+      return n;
+    }());
+  });
 }
 
 ssize_t gs_send(int fd, const void *buf, size_t len, int flags) {
   iovec iov{const_cast<void *>(buf), len};
-  return with_socket<ssize_t>(fd, [&](StreamSocket &sock) { auto *s = &sock; return s->send(&iov, 1, flags); });
+  return with_socket<ssize_t>(fd, [&](StreamSocket &sock) {
+    auto *s = &sock;
+    return s->send(&iov, 1, flags);
+  });
 }
 
 ssize_t gs_sendto(int fd, const void *buf, size_t len, int flags, const struct sockaddr *, socklen_t) {
@@ -168,24 +201,42 @@ ssize_t gs_read(int fd, void *buf, size_t count) { return gs_recv(fd, buf, count
 ssize_t gs_write(int fd, const void *buf, size_t count) { return gs_send(fd, buf, count, 0); }
 ssize_t gs_readv(int fd, const struct iovec *iov, int iovcnt) {
   if (iovcnt < 0 || iovcnt > IOV_MAX) return finish<ssize_t>(-EINVAL);
-  return with_socket<ssize_t>(fd, [&](StreamSocket &sock) { auto *s = &sock; return s->recv(iov, iovcnt, 0); });
+  return with_socket<ssize_t>(fd, [&](StreamSocket &sock) {
+    auto *s = &sock;
+    return s->recv(iov, iovcnt, 0);
+  });
 }
 ssize_t gs_writev(int fd, const struct iovec *iov, int iovcnt) {
   if (iovcnt < 0 || iovcnt > IOV_MAX) return finish<ssize_t>(-EINVAL);
-  return with_socket<ssize_t>(fd, [&](StreamSocket &sock) { auto *s = &sock; return s->send(iov, iovcnt, 0); });
+  return with_socket<ssize_t>(fd, [&](StreamSocket &sock) {
+    auto *s = &sock;
+    return s->send(iov, iovcnt, 0);
+  });
 }
 
 int gs_getpeername(int fd, struct sockaddr *addr, socklen_t *len) {
-  return with_socket<int>(fd, [&](StreamSocket &sock) { auto *s = &sock; return s->getpeername(addr, len); });
+  return with_socket<int>(fd, [&](StreamSocket &sock) {
+    auto *s = &sock;
+    return s->getpeername(addr, len);
+  });
 }
 int gs_getsockname(int fd, struct sockaddr *addr, socklen_t *len) {
-  return with_socket<int>(fd, [&](StreamSocket &sock) { auto *s = &sock; return s->getsockname(addr, len); });
+  return with_socket<int>(fd, [&](StreamSocket &sock) {
+    auto *s = &sock;
+    return s->getsockname(addr, len);
+  });
 }
 int gs_setsockopt(int fd, int level, int name, const void *val, socklen_t len) {
-  return with_socket<int>(fd, [&](StreamSocket &sock) { auto *s = &sock; return s->setsockopt(level, name, val, len); });
+  return with_socket<int>(fd, [&](StreamSocket &sock) {
+    auto *s = &sock;
+    return s->setsockopt(level, name, val, len);
+  });
 }
 int gs_getsockopt(int fd, int level, int name, void *val, socklen_t *len) {
-  return with_socket<int>(fd, [&](StreamSocket &sock) { auto *s = &sock; return s->getsockopt(level, name, val, len); });
+  return with_socket<int>(fd, [&](StreamSocket &sock) {
+    auto *s = &sock;
+    return s->getsockopt(level, name, val, len);
+  });
 }
 
 int gs_fcntl(int fd, int cmd, ...) {
@@ -193,18 +244,25 @@ int gs_fcntl(int fd, int cmd, ...) {
   va_start(ap, cmd);
   const long arg = (cmd == F_SETFL || cmd == F_SETFD) ? va_arg(ap, long) : 0;
   va_end(ap);
-  return with_socket<int>(fd, [&](StreamSocket &sock) { auto *s = &sock; return ([&]() -> int {
-                          switch (cmd) {
-                            case F_GETFL: return O_RDWR | (s->nonblocking() ? O_NONBLOCK : 0);
-                            case F_SETFL: s->set_nonblocking(arg & O_NONBLOCK); return 0;
-                            case F_GETFD:
-                            case F_SETFD: {  // FD_CLOEXEC lives on the reserved kernel fd
-                              const int r = ::fcntl(fd, cmd, static_cast<int>(arg));
-                              return r < 0 ? -errno : r;
-                            }
-                            default: return -EINVAL;
-                          }
-                        }()); });
+  return with_socket<int>(fd, [&](StreamSocket &sock) {
+    auto *s = &sock;
+    return ([&]() -> int {
+      switch (cmd) {
+        case F_GETFL:
+          return O_RDWR | (s->nonblocking() ? O_NONBLOCK : 0);
+        case F_SETFL:
+          s->set_nonblocking(arg & O_NONBLOCK);
+          return 0;
+        case F_GETFD:
+        case F_SETFD: {  // FD_CLOEXEC lives on the reserved kernel fd
+          const int r = ::fcntl(fd, cmd, static_cast<int>(arg));
+          return r < 0 ? -errno : r;
+        }
+        default:
+          return -EINVAL;
+      }
+    }());
+  });
 }
 
 int gs_wait_begin(const struct pollfd *fds, nfds_t nfds, struct pollfd *wait, nfds_t max) {

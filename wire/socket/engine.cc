@@ -265,8 +265,7 @@ void Engine::background_loop() {
     }
     background_sleeping_.store(false, std::memory_order_relaxed);
     uint64_t value;
-    while (read(background_waker_, &value, sizeof value) > 0) {
-    }
+    while (read(background_waker_, &value, sizeof value) > 0) {}
   }
 }
 

@@ -51,7 +51,6 @@ void copy_iov(const iovec *iov, int iovcnt, size_t skip, uint8_t *ring, size_t n
 
 }  // namespace
 
-
 void set_last_error(const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
@@ -173,8 +172,9 @@ int StreamSocket::connect(const sockaddr *addr, socklen_t len) {
   if (rc < 0) {
     if (rc == -ECONNREFUSED) return rc;
     char host[INET6_ADDRSTRLEN] = "?";
-    const void *ip = family_ == AF_INET6 ? static_cast<const void *>(&reinterpret_cast<const sockaddr_in6 *>(addr)->sin6_addr)
-                                         : static_cast<const void *>(&reinterpret_cast<const sockaddr_in *>(addr)->sin_addr);
+    const void *ip = family_ == AF_INET6
+                         ? static_cast<const void *>(&reinterpret_cast<const sockaddr_in6 *>(addr)->sin6_addr)
+                         : static_cast<const void *>(&reinterpret_cast<const sockaddr_in *>(addr)->sin_addr);
     inet_ntop(family_, ip, host, sizeof host);
     char why[160];
     std::snprintf(why, sizeof why, "connect to %s failed%s", host,
@@ -190,7 +190,8 @@ int StreamSocket::connect(const sockaddr *addr, socklen_t len) {
 }
 
 int StreamSocket::wait_connected_locked(std::unique_lock<std::mutex> &lock) {
-  int rc = wait_locked(lock, [&] { return role_ != Role::kConnecting; }, -1);
+  int rc = wait_locked(
+      lock, [&] { return role_ != Role::kConnecting; }, -1);
   if (rc < 0) return rc;
   if (role_ == Role::kConnected) return 0;
   const int err = so_error_;
@@ -206,7 +207,8 @@ int StreamSocket::accept(std::unique_ptr<StreamSocket> *out, bool wait) {
       progress_locked();
       if (accept_queue_.empty()) return -EAGAIN;
     } else {
-      int rc = wait_locked(lock, [&] { return !accept_queue_.empty() || role_ != Role::kListening; }, -1);
+      int rc = wait_locked(
+          lock, [&] { return !accept_queue_.empty() || role_ != Role::kListening; }, -1);
       if (rc < 0) return rc;
       if (role_ != Role::kListening) return -EINVAL;
     }
@@ -481,7 +483,8 @@ ssize_t StreamSocket::recv(const iovec *iov, int iovcnt, int flags) {
       return conn_.core().state() == StreamState::kError ? conn_.core().error() : 0;
     }
     if (dontwait) return done > 0 ? static_cast<ssize_t>(done) : -EAGAIN;
-    int rc = wait_locked(lock, [&] { return conn_.core().recv_available() > 0 || conn_.core().recv_closed(); }, -1);
+    int rc = wait_locked(
+        lock, [&] { return conn_.core().recv_available() > 0 || conn_.core().recv_closed(); }, -1);
     if (rc < 0) return done > 0 ? static_cast<ssize_t>(done) : rc;
   }
 }
@@ -520,7 +523,8 @@ ssize_t StreamSocket::send(const iovec *iov, int iovcnt, int flags) {
     if (conn_.core().send_unposted() > 0) Engine::get().kick();
     if (done == total) return static_cast<ssize_t>(done);
     if (dontwait) return done > 0 ? static_cast<ssize_t>(done) : -EAGAIN;
-    int rc = wait_locked(lock, [&] { return conn_.core().send_free() > 0 || conn_.core().send_status() < 0; }, -1);
+    int rc = wait_locked(
+        lock, [&] { return conn_.core().send_free() > 0 || conn_.core().send_status() < 0; }, -1);
     if (rc < 0) return done > 0 ? static_cast<ssize_t>(done) : rc;
   }
 }
@@ -582,7 +586,8 @@ short StreamSocket::ready_events_locked(short requested) {
     case Role::kConnected: {
       const bool closed = conn_.core().recv_closed();
       if (conn_.core().recv_available() > 0 || closed) ev |= POLLIN | POLLRDNORM;
-      if (closed && conn_.core().readable_dir() == false && conn_.core().state() == StreamState::kConnected) ev |= POLLRDHUP;
+      if (closed && conn_.core().readable_dir() == false && conn_.core().state() == StreamState::kConnected)
+        ev |= POLLRDHUP;
       if (conn_.core().send_status() == 0 && conn_.core().send_free() >= std::min(kSndLowat, conn_.core().sbuf_size()))
         ev |= POLLOUT | POLLWRNORM;
       if (conn_.core().state() == StreamState::kDisconnected) ev |= POLLHUP | POLLRDHUP;

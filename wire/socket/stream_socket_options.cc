@@ -52,14 +52,19 @@ int StreamSocket::setsockopt(int level, int name, const void *val, socklen_t len
     if (name == SO_LINGER) return get_value(val, len, &options_.linger_opt);
     if (int rc = get_value(val, len, &v); rc < 0) return rc;
     switch (name) {
-      case SO_REUSEADDR: options_.reuseaddr = v != 0; return 0;
-      case SO_REUSEPORT: return 0;
+      case SO_REUSEADDR:
+        options_.reuseaddr = v != 0;
+        return 0;
+      case SO_REUSEPORT:
+        return 0;
       case SO_KEEPALIVE:
         options_.keepalive = v != 0;
         next_keepalive_ = {};
         if (options_.keepalive) Engine::get().kick();  // its timer runs in the background
         return 0;
-      case SO_OOBINLINE: options_.oobinline = v != 0; return 0;
+      case SO_OOBINLINE:
+        options_.oobinline = v != 0;
+        return 0;
       case SO_RCVBUF:  // §7.1: the ring is twice the value; only before buffers exist
         if (unconnected && v > 0) options_.rbuf_size = static_cast<uint32_t>(std::min(v, 1 << 29)) * 2;
         return 0;
@@ -70,13 +75,16 @@ int StreamSocket::setsockopt(int level, int name, const void *val, socklen_t len
       case SO_SNDLOWAT:
       case SO_PRIORITY:
         return 0;
-      default: return -ENOPROTOOPT;
+      default:
+        return -ENOPROTOOPT;
     }
   }
   if (level == IPPROTO_TCP) {
     if (int rc = get_value(val, len, &v); rc < 0) return rc;
     switch (name) {
-      case TCP_NODELAY: options_.nodelay = v != 0; return 0;  // never delays anyway
+      case TCP_NODELAY:
+        options_.nodelay = v != 0;
+        return 0;  // never delays anyway
       case TCP_KEEPIDLE:
         if (v <= 0) return -EINVAL;
         options_.keepidle_s = v;
@@ -87,7 +95,8 @@ int StreamSocket::setsockopt(int level, int name, const void *val, socklen_t len
       case TCP_QUICKACK:
       case TCP_CORK:
         return 0;  // accepted, no meaning here
-      default: return -ENOPROTOOPT;
+      default:
+        return -ENOPROTOOPT;
     }
   }
   if (level == SOL_RDMA) {
@@ -95,11 +104,20 @@ int StreamSocket::setsockopt(int level, int name, const void *val, socklen_t len
     if (int rc = get_value(val, len, &v); rc < 0) return rc;
     if (v < 0 || v > kQpMaxSize) return -EINVAL;
     switch (name) {
-      case 0: options_.sq_size = static_cast<uint16_t>(v); return 0;   // RDMA_SQSIZE
-      case 1: options_.rq_size = static_cast<uint16_t>(v); return 0;   // RDMA_RQSIZE
-      case 2: options_.inline_size = static_cast<uint32_t>(v); return 0;  // RDMA_INLINE
-      case 3: options_.iomap_size = scale_decode(scale_encode(static_cast<uint32_t>(v))); return 0;
-      default: return -ENOPROTOOPT;
+      case 0:
+        options_.sq_size = static_cast<uint16_t>(v);
+        return 0;  // RDMA_SQSIZE
+      case 1:
+        options_.rq_size = static_cast<uint16_t>(v);
+        return 0;  // RDMA_RQSIZE
+      case 2:
+        options_.inline_size = static_cast<uint32_t>(v);
+        return 0;  // RDMA_INLINE
+      case 3:
+        options_.iomap_size = scale_decode(scale_encode(static_cast<uint32_t>(v)));
+        return 0;
+      default:
+        return -ENOPROTOOPT;
     }
   }
   if (level == IPPROTO_IPV6 && name == IPV6_V6ONLY) return 0;
@@ -113,42 +131,62 @@ int StreamSocket::getsockopt(int level, int name, void *val, socklen_t *len) {
     switch (name) {
       case SO_ERROR: {
         int err = so_error_;
-        if (!err && role_ == Role::kConnected && conn_.core().state() == StreamState::kError) err = -conn_.core().error();
+        if (!err && role_ == Role::kConnected && conn_.core().state() == StreamState::kError)
+          err = -conn_.core().error();
         so_error_ = 0;
         return put_value(val, len, err);
       }
-      case SO_TYPE: return put_value(val, len, int(SOCK_STREAM));
-      case SO_DOMAIN: return put_value(val, len, family_);
-      case SO_PROTOCOL: return put_value(val, len, int(IPPROTO_TCP));
-      case SO_ACCEPTCONN: return put_value(val, len, int(role_ == Role::kListening));
-      case SO_RCVBUF: return put_value(val, len, int(options_.rbuf_size));
-      case SO_SNDBUF: return put_value(val, len, int(options_.sbuf_size));
-      case SO_REUSEADDR: return put_value(val, len, int(options_.reuseaddr));
-      case SO_KEEPALIVE: return put_value(val, len, int(options_.keepalive));
-      case SO_OOBINLINE: return put_value(val, len, int(options_.oobinline));
-      case SO_LINGER: return put_value(val, len, options_.linger_opt);
-      default: return -ENOPROTOOPT;
+      case SO_TYPE:
+        return put_value(val, len, int(SOCK_STREAM));
+      case SO_DOMAIN:
+        return put_value(val, len, family_);
+      case SO_PROTOCOL:
+        return put_value(val, len, int(IPPROTO_TCP));
+      case SO_ACCEPTCONN:
+        return put_value(val, len, int(role_ == Role::kListening));
+      case SO_RCVBUF:
+        return put_value(val, len, int(options_.rbuf_size));
+      case SO_SNDBUF:
+        return put_value(val, len, int(options_.sbuf_size));
+      case SO_REUSEADDR:
+        return put_value(val, len, int(options_.reuseaddr));
+      case SO_KEEPALIVE:
+        return put_value(val, len, int(options_.keepalive));
+      case SO_OOBINLINE:
+        return put_value(val, len, int(options_.oobinline));
+      case SO_LINGER:
+        return put_value(val, len, options_.linger_opt);
+      default:
+        return -ENOPROTOOPT;
     }
   }
   if (level == IPPROTO_TCP) {
     switch (name) {
-      case TCP_NODELAY: return put_value(val, len, int(options_.nodelay));
-      case TCP_MAXSEG: return put_value(val, len, int(kMaxTransfer));
+      case TCP_NODELAY:
+        return put_value(val, len, int(options_.nodelay));
+      case TCP_MAXSEG:
+        return put_value(val, len, int(kMaxTransfer));
       case TCP_KEEPIDLE:
         return put_value(val, len, options_.keepidle_s > 0 ? options_.keepidle_s : system_keepalive_seconds());
       case TCP_KEEPCNT:
       case TCP_KEEPINTVL:
         return put_value(val, len, 1);
-      default: return -ENOPROTOOPT;
+      default:
+        return -ENOPROTOOPT;
     }
   }
   if (level == SOL_RDMA) {
     switch (name) {
-      case 0: return put_value(val, len, int(options_.sq_size));
-      case 1: return put_value(val, len, int(options_.rq_size));
-      case 2: return put_value(val, len, int(options_.inline_size));
-      case 3: return put_value(val, len, int(options_.iomap_size));
-      default: return -ENOPROTOOPT;
+      case 0:
+        return put_value(val, len, int(options_.sq_size));
+      case 1:
+        return put_value(val, len, int(options_.rq_size));
+      case 2:
+        return put_value(val, len, int(options_.inline_size));
+      case 3:
+        return put_value(val, len, int(options_.iomap_size));
+      default:
+        return -ENOPROTOOPT;
     }
   }
   return -ENOPROTOOPT;

@@ -21,7 +21,7 @@ struct Waker {
 };
 
 thread_local Waker t_waker;
-thread_local int64_t t_spin_us = -1;  // -1: not yet set (starts at the ceiling)
+thread_local int64_t t_spin_us = -1;   // -1: not yet set (starts at the ceiling)
 thread_local bool t_spinning = false;  // holds one of the process's spin slots
 std::atomic<int> g_spinners{0};
 
@@ -43,8 +43,7 @@ int thread_waker_fd() {
 void drain_thread_waker() {
   if (t_waker.fd < 0) return;
   uint64_t value;
-  while (read(t_waker.fd, &value, sizeof value) > 0) {
-  }
+  while (read(t_waker.fd, &value, sizeof value) > 0) {}
 }
 
 void forget_thread_waker_after_fork() {

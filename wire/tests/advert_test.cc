@@ -149,8 +149,8 @@ TEST(Advert, OnlyWhenAWholeHalfIsConsumed) {
     ASSERT_EQ(w.size(), 1u) << "round " << round;
     EXPECT_EQ(w[0].write_kind, WriteKind::kCredits);
     EXPECT_EQ(w[0].length, kSglRecordSize);
-    const uint32_t slot = round % 2;             // 0, 1, 0, ... (after the first to slot 1)
-    const uint64_t half_off = (round % 2) * h;   // H0, H1, H0, ...
+    const uint32_t slot = round % 2;            // 0, 1, 0, ... (after the first to slot 1)
+    const uint64_t half_off = (round % 2) * h;  // H0, H1, H0, ...
     EXPECT_EQ(w[0].remote_addr, kPeerTable + 16u * slot) << "round " << round;
     EXPECT_EQ(w[0].imm, imm_credits(static_cast<uint16_t>(msgs + 384))) << "round " << round;
     const std::vector<uint8_t> rec(w[0].record, w[0].record + kSglRecordSize);

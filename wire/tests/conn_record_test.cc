@@ -295,8 +295,7 @@ TEST(ScaleCode, GoldenValues) {
 }
 
 TEST(ScaleCode, EveryCodeRoundTrips) {
-  for (uint32_t c = 0; c <= 0xFF; ++c)
-    EXPECT_EQ(scale_encode(scale_decode(static_cast<uint8_t>(c))), c) << c;
+  for (uint32_t c = 0; c <= 0xFF; ++c) EXPECT_EQ(scale_encode(scale_decode(static_cast<uint8_t>(c))), c) << c;
 }
 
 TEST(ScaleCode, ValuesRoundToRepresentable) {

@@ -48,10 +48,14 @@ inline const char *kind_name(const Action &a) {
   if (a.kind == ActionKind::kPostRecv) return "PostRecv";
   if (a.kind == ActionKind::kNone) return "None";
   switch (a.write_kind) {
-    case WriteKind::kData: return "Data";
-    case WriteKind::kCredits: return "Credits";
-    case WriteKind::kControl: return "Control";
-    case WriteKind::kKeepalive: return "Keepalive";
+    case WriteKind::kData:
+      return "Data";
+    case WriteKind::kCredits:
+      return "Credits";
+    case WriteKind::kControl:
+      return "Control";
+    case WriteKind::kKeepalive:
+      return "Keepalive";
   }
   return "?";
 }
@@ -221,8 +225,8 @@ class Pair {
       encode_conn_record(ep_[1 - i]->record, bytes);
       ConnRecord peer;
       RecordError why = RecordError::kNone;
-      if (decode_conn_record(bytes, sizeof bytes, &peer, &why) != 0) fail("record %d does not decode: %s", 1 - i,
-                                                                           record_error_text(why));
+      if (decode_conn_record(bytes, sizeof bytes, &peer, &why) != 0)
+        fail("record %d does not decode: %s", 1 - i, record_error_text(why));
       if (ep_[i]->s.on_established(peer) != 0) fail("on_established failed on %d", i);
     }
   }
@@ -339,9 +343,12 @@ class Pair {
   bool step(uint32_t r) {
     const int i = static_cast<int>(r & 1);
     switch ((r >> 1) % 3) {
-      case 0: return poll(i, 1 + ((r >> 4) % 4)) > 0;
-      case 1: return deliver(i);
-      default: return complete(i);
+      case 0:
+        return poll(i, 1 + ((r >> 4) % 4)) > 0;
+      case 1:
+        return deliver(i);
+      default:
+        return complete(i);
     }
   }
 
@@ -367,9 +374,9 @@ class Pair {
   }
 
   std::string violation;
-  bool expect_no_errors = true;    // honest pair: any protocol error is a violation
-  bool strict_error_writes = true; // a write returned by the call that raised an error counts too
-  bool peek_commit = false;        // drive with peek_action + commit_action
+  bool expect_no_errors = true;     // honest pair: any protocol error is a violation
+  bool strict_error_writes = true;  // a write returned by the call that raised an error counts too
+  bool peek_commit = false;         // drive with peek_action + commit_action
   bool log_writes = false;
 
   void fail(const char *fmt, ...) __attribute__((format(printf, 2, 3))) {
@@ -405,9 +412,9 @@ class Pair {
       fail("endpoint %d: %s write returned by the call that raised error '%s'", i, kind_name(a),
            me.s.error_reason() ? me.s.error_reason() : "?");
     if (me.disconnect_posted) fail("endpoint %d: %s write after its DISCONNECT", i, kind_name(a));
-    if (a.token != me_tokens_[i]) fail("endpoint %d: token %llu, expected %llu", i,
-                                       static_cast<unsigned long long>(a.token),
-                                       static_cast<unsigned long long>(me_tokens_[i]));
+    if (a.token != me_tokens_[i])
+      fail("endpoint %d: token %llu, expected %llu", i, static_cast<unsigned long long>(a.token),
+           static_cast<unsigned long long>(me_tokens_[i]));
     me_tokens_[i] = a.token + 1;
     switch (a.write_kind) {
       case WriteKind::kData: {
@@ -430,16 +437,14 @@ class Pair {
         else if (off != expect_off)
           fail("endpoint %d: data write at ring offset %llu, expected %llu (slots out of order)", i,
                static_cast<unsigned long long>(off), static_cast<unsigned long long>(expect_off));
-        else if (off % half + a.length > half)
-          fail("endpoint %d: data write crosses a half/slot boundary", i);
+        else if (off % half + a.length > half) fail("endpoint %d: data write crosses a half/slot boundary", i);
         ++me.data_writes;
         me.data_bytes_posted += a.length;
         break;
       }
       case WriteKind::kCredits: {
         const uint16_t expect = static_cast<uint16_t>(me.data_msgs_received + me.s.rq_size());
-        if (!a.has_imm || imm_op(a.imm) != ImmOp::kSgl)
-          fail("endpoint %d: credit write imm 0x%08x", i, a.imm);
+        if (!a.has_imm || imm_op(a.imm) != ImmOp::kSgl) fail("endpoint %d: credit write imm 0x%08x", i, a.imm);
         else if (imm_value(a.imm) != expect)
           fail("endpoint %d: credit value %u, expected rseq_no + rq_size = %u", i, imm_value(a.imm), expect);
         const uint16_t v = static_cast<uint16_t>(imm_value(a.imm));
@@ -456,8 +461,8 @@ class Pair {
           const SglEntry e = decode_le_sgl(a.record);
           const uint64_t half_off = ((me.adverts + 1) % 2) * me.half();  // H1, H0, H1, ...
           if (e.addr != me.rbuf_addr + half_off || e.key != me.rbuf_key || e.length != me.half())
-            fail("endpoint %d: advert %llu describes {0x%llx, 0x%x, %u}", i, static_cast<unsigned long long>(me.adverts),
-                 static_cast<unsigned long long>(e.addr), e.key, e.length);
+            fail("endpoint %d: advert %llu describes {0x%llx, 0x%x, %u}", i,
+                 static_cast<unsigned long long>(me.adverts), static_cast<unsigned long long>(e.addr), e.key, e.length);
           ++me.adverts;
         } else if (a.length == 0) {
           ++me.credit_only;

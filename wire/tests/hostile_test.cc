@@ -186,9 +186,9 @@ TEST(Hostile, CreditsBeyondRqAcrossTheWrap) {
 
 struct BadAdvert {
   const char *name;
-  int64_t off;      // from the peer ring's start (B's rbuf)
-  int key_delta;    // added to the right rkey
-  int64_t length;   // -1: 2^32 - 1
+  int64_t off;     // from the peer ring's start (B's rbuf)
+  int key_delta;   // added to the right rkey
+  int64_t length;  // -1: 2^32 - 1
 };
 
 class HostileAdvert : public ::testing::TestWithParam<BadAdvert> {};
@@ -213,8 +213,8 @@ INSTANTIATE_TEST_SUITE_P(
     Cases, HostileAdvert,
     ::testing::Values(BadAdvert{"past_end", 2 * 65536, 0, 65536}, BadAdvert{"below_start", -4096, 0, 65536},
                       BadAdvert{"straddles_end", 65536 + 1, 0, 65536}, BadAdvert{"wrong_rkey", 65536, 1, 65536},
-                      BadAdvert{"rkey_zero", 65536, -int(0x1000 + 16 + 1), 65536},
-                      BadAdvert{"too_long", 65536, 0, -1}, BadAdvert{"whole_ring_plus_one", 0, 0, 2 * 65536 + 1},
+                      BadAdvert{"rkey_zero", 65536, -int(0x1000 + 16 + 1), 65536}, BadAdvert{"too_long", 65536, 0, -1},
+                      BadAdvert{"whole_ring_plus_one", 0, 0, 2 * 65536 + 1},
                       BadAdvert{"wraps_address_space", -int64_t((1ull << 41) + 4096), 0, 65536}),
     [](const ::testing::TestParamInfo<BadAdvert> &i) { return std::string(i.param.name); });
 
@@ -413,8 +413,8 @@ TEST(CoreRegression, PeerShutdownDoesNotDropOurQueuedDataAndShutdown) {
   ASSERT_EQ(p.b().send_pattern(50000), 50000u);
   ASSERT_TRUE(p.run());
   ASSERT_EQ(p.b().s.send_unposted(), 50000u);  // waits for A to free a half
-  p.b().s.shutdown(kShutWr);  // SHUTDOWN queued behind the data
-  p.a().s.shutdown(kShutWr);  // A half-closes too (typical simultaneous close)
+  p.b().s.shutdown(kShutWr);                   // SHUTDOWN queued behind the data
+  p.a().s.shutdown(kShutWr);                   // A half-closes too (typical simultaneous close)
   ASSERT_TRUE(p.run());
   for (int guard = 0; guard < 1000; ++guard) {
     ASSERT_TRUE(p.run());

@@ -41,8 +41,7 @@ TEST(Iwarp, EachMessageTakesTwoSendQueueSlots) {
     Stream &s = p.a().s;
     // Drain the first credit/advert action, then commit far more data than fits.
     Action a;
-    while (s.peek_action(&a) && !(a.kind == ActionKind::kWrite && a.write_kind == WriteKind::kData))
-      s.commit_action(a);
+    while (s.peek_action(&a) && !(a.kind == ActionKind::kWrite && a.write_kind == WriteKind::kData)) s.commit_action(a);
     p.a().send_pattern(1u << 20);
     // 16 slots, 4 reserved for control, one control message (the advert) in
     // flight: 11 data messages, or 5 when each message takes two slots.

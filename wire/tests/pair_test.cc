@@ -21,8 +21,9 @@ using wiretest::writes_only;
 StreamConfig config(int variant) {
   StreamConfig c;
   switch (variant) {
-    case 0: break;  // rsocket defaults: 128 KiB rings, sq/rq 384, inline 64
-    case 1:         // tiny everything: many slot cuts, credit updates and stalls
+    case 0:
+      break;  // rsocket defaults: 128 KiB rings, sq/rq 384, inline 64
+    case 1:   // tiny everything: many slot cuts, credit updates and stalls
       c.rbuf_size = 4096;
       c.sbuf_size = 4096;
       c.sq_size = 16;
@@ -48,10 +49,14 @@ StreamConfig config(int variant) {
 
 uint64_t random_size(std::mt19937 &rng) {
   switch (rng() % 4) {
-    case 0: return 1 + rng() % 64;
-    case 1: return 1 + rng() % 4096;
-    case 2: return 1 + rng() % (256u << 10);
-    default: return 1 + rng() % (4u << 20);
+    case 0:
+      return 1 + rng() % 64;
+    case 1:
+      return 1 + rng() % 4096;
+    case 2:
+      return 1 + rng() % (256u << 10);
+    default:
+      return 1 + rng() % (4u << 20);
   }
 }
 
@@ -263,14 +268,12 @@ TEST(Pair, CloseSendsDisconnectAfterQueuedData) {
   // Nothing more from A once DISCONNECT is posted, whatever happens.
   p.a().s.request_keepalive();
   EXPECT_TRUE(writes_only(drain(p.a().s)).empty());
-  while (p.deliver(0)) {
-  }
+  while (p.deliver(0)) {}
   EXPECT_EQ(p.b().s.state(), StreamState::kDisconnected);
   EXPECT_TRUE(p.b().s.recv_closed());
   EXPECT_EQ(p.b().s.send_status(), -ECONNRESET);
   EXPECT_EQ(p.b().s.recv_available(), 100000u);  // queued data stays readable (§3.1)
-  while (p.complete(0)) {
-  }
+  while (p.complete(0)) {}
   EXPECT_TRUE(p.a().s.ready_for_teardown());
   settle(p, &err);
   ASSERT_TRUE(err.empty()) << err;
@@ -420,13 +423,10 @@ TEST(Pair, AtMostFourControlMessagesOutstanding) {
   for (int k = 0; k < 5000; ++k) {
     p.a().send_pattern(1);
     p.poll(0);
-    while (p.deliver(0)) {
-    }
-    while (p.complete(0)) {
-    }
+    while (p.deliver(0)) {}
+    while (p.complete(0)) {}
     p.poll(1);
-    while (p.deliver(1)) {
-    }
+    while (p.deliver(1)) {}
     // no p.complete(1): B's control writes stay outstanding
   }
   EXPECT_LE(p.in_flight(1) + p.completions_pending(1), 4u);
@@ -449,7 +449,7 @@ TEST(Pair, CompletionsOutOfOrderRetireInOrder) {
   e.s.on_write_done(w[2].token, 0);
   e.s.on_write_done(w[1].token, 0);
   EXPECT_EQ(e.s.send_unacked(), 10000u);
-  e.s.on_write_done(w[1].token, 0);    // duplicate: ignored
+  e.s.on_write_done(w[1].token, 0);      // duplicate: ignored
   e.s.on_write_done(w[2].token + 7, 0);  // never issued: ignored
   EXPECT_EQ(e.s.send_unacked(), 10000u);
   e.s.on_write_done(w[0].token, 0);

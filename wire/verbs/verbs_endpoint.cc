@@ -39,12 +39,18 @@ rdma_conn_param rsocket_conn_param(const void *private_data, uint32_t private_le
 
 int status_of_cm_failure(rdma_cm_event_type type) {
   switch (type) {
-    case RDMA_CM_EVENT_REJECTED: return -ECONNREFUSED;
-    case RDMA_CM_EVENT_ADDR_ERROR: return -EADDRNOTAVAIL;
-    case RDMA_CM_EVENT_ROUTE_ERROR: return -ENETUNREACH;
-    case RDMA_CM_EVENT_UNREACHABLE: return -EHOSTUNREACH;
-    case RDMA_CM_EVENT_CONNECT_ERROR: return -ECONNREFUSED;
-    default: return -EIO;
+    case RDMA_CM_EVENT_REJECTED:
+      return -ECONNREFUSED;
+    case RDMA_CM_EVENT_ADDR_ERROR:
+      return -EADDRNOTAVAIL;
+    case RDMA_CM_EVENT_ROUTE_ERROR:
+      return -ENETUNREACH;
+    case RDMA_CM_EVENT_UNREACHABLE:
+      return -EHOSTUNREACH;
+    case RDMA_CM_EVENT_CONNECT_ERROR:
+      return -ECONNREFUSED;
+    default:
+      return -EIO;
   }
 }
 
@@ -58,8 +64,7 @@ class VerbsEndpoint final : public Endpoint {
   int init_passive(VerbsRequest *request);
   int accept(VerbsRequest *request, const void *private_data, uint32_t private_len);
 
-  gs_status_t connect(const sockaddr *addr, socklen_t len, const void *private_data,
-                      uint32_t private_len) override {
+  gs_status_t connect(const sockaddr *addr, socklen_t len, const void *private_data, uint32_t private_len) override {
     if (!id_ || private_len > sizeof private_) return -EINVAL;
     std::memcpy(private_, private_data, private_len);
     private_len_ = private_len;
@@ -226,8 +231,8 @@ class VerbsEndpoint final : public Endpoint {
   bool iwarp_;
   rdma_event_channel *channel_ = nullptr;
   ibv_comp_channel *comp_channel_ = nullptr;  // the CQ's notifications
-  int epfd_ = -1;                              // wait_fd: both channels
-  std::vector<ibv_wc> stash_;                  // completions arm_wait polled
+  int epfd_ = -1;                             // wait_fd: both channels
+  std::vector<ibv_wc> stash_;                 // completions arm_wait polled
   rdma_cm_id *id_ = nullptr;
   ibv_cq *cq_ = nullptr;
   ibv_qp *qp_ = nullptr;
@@ -271,7 +276,7 @@ int VerbsEndpoint::init_passive(VerbsRequest *request) {
   if (int rc = init_wait(); rc < 0) return rc;
   id_ = request->take_id();
   if (rdma_migrate_id(id_, channel_)) return -errno;  // events of this connection come here
-  return create_qp();  // §1.5 step 4: QP and receives exist before the reply
+  return create_qp();                                 // §1.5 step 4: QP and receives exist before the reply
 }
 
 int VerbsEndpoint::create_qp() {
@@ -294,8 +299,7 @@ int VerbsEndpoint::create_qp() {
   if (iwarp_) {
     qa.cap.max_inline_data = std::max<uint32_t>(qa.cap.max_inline_data, 4);  // the message word goes inline
     msg_words_.assign(static_cast<size_t>(recv_depth), 0);
-    msg_mr_ = ibv_reg_mr(device_->pd, msg_words_.data(), msg_words_.size() * sizeof(uint32_t),
-                         IBV_ACCESS_LOCAL_WRITE);
+    msg_mr_ = ibv_reg_mr(device_->pd, msg_words_.data(), msg_words_.size() * sizeof(uint32_t), IBV_ACCESS_LOCAL_WRITE);
     if (!msg_mr_) return -ENOMEM;
   }
   if (rdma_create_qp(id_, device_->pd, &qa)) return -errno;
@@ -351,7 +355,8 @@ int VerbsEndpoint::poll_cm(CmEvent *out) {
       if (rdma_resolve_route(id_, kResolveTimeoutMs)) {
         out->kind = CmEventKind::kRejected;
         out->status = -errno;
-        out->reason = "rdma_cm could not resolve a route to that address (no RDMA device serves it; loopback never does)";
+        out->reason =
+            "rdma_cm could not resolve a route to that address (no RDMA device serves it; loopback never does)";
       } else {
         result = 0;
       }
@@ -365,8 +370,9 @@ int VerbsEndpoint::poll_cm(CmEvent *out) {
       if (rc < 0) {
         out->kind = CmEventKind::kRejected;
         out->status = rc;
-        out->reason = rc == -EXDEV ? "the address resolves to another RDMA device than the one in use (GPUSOCK_VERBS_DEVICE)"
-                                   : "could not create the queue pair or send the connect request";
+        out->reason = rc == -EXDEV
+                          ? "the address resolves to another RDMA device than the one in use (GPUSOCK_VERBS_DEVICE)"
+                          : "could not create the queue pair or send the connect request";
       } else {
         result = 0;
       }
@@ -399,8 +405,10 @@ int VerbsEndpoint::poll_cm(CmEvent *out) {
       // The event's own status says most (e.g. -ENODEV for loopback, which
       // rdma_cm cannot reach); a reject carries a CM reason instead.
       out->status = type != RDMA_CM_EVENT_REJECTED && event->status < 0 ? event->status : status_of_cm_failure(type);
-      out->reason = type == RDMA_CM_EVENT_REJECTED      ? "the peer rejected the connection (no rsocket listener on that port, or a bad record)"
-                    : type == RDMA_CM_EVENT_ADDR_ERROR  ? "rdma_cm could not resolve the address to an RDMA device (ADDR_ERROR)"
+      out->reason = type == RDMA_CM_EVENT_REJECTED
+                        ? "the peer rejected the connection (no rsocket listener on that port, or a bad record)"
+                    : type == RDMA_CM_EVENT_ADDR_ERROR
+                        ? "rdma_cm could not resolve the address to an RDMA device (ADDR_ERROR)"
                     : type == RDMA_CM_EVENT_ROUTE_ERROR ? "rdma_cm could not resolve a route to the peer (ROUTE_ERROR)"
                     : type == RDMA_CM_EVENT_UNREACHABLE ? "the peer is unreachable over RDMA (UNREACHABLE)"
                                                         : "the RDMA connection failed (CONNECT_ERROR)";

@@ -75,8 +75,9 @@ class VerbsDomain final : public Domain {
     int n = 0;
     devices_ = rdma_get_devices(&n);
     if (!devices_ || n == 0) {
-      *error = "gpusock: transport 'verbs' unavailable: no RDMA device (rdma_get_devices found none; "
-               "load rdma_rxe and create an rxe device, or choose GPUSOCK_TRANSPORT=fabric:tcp)";
+      *error =
+          "gpusock: transport 'verbs' unavailable: no RDMA device (rdma_get_devices found none; "
+          "load rdma_rxe and create an rxe device, or choose GPUSOCK_TRANSPORT=fabric:tcp)";
       return -ENODEV;
     }
     const char *wanted = std::getenv("GPUSOCK_VERBS_DEVICE");

@@ -45,9 +45,8 @@ int open_conn() {
 std::vector<uint8_t> request(uint64_t id, uint32_t identity, uint32_t w, uint32_t h, uint32_t magic = kRequestMagic,
                              uint16_t version = kVersion) {
   std::vector<uint8_t> r(kRequestHeaderBytes + size_t(w) * h);
-  encode_request_header(RequestHeader{magic, version, 0, id, identity, static_cast<uint16_t>(w),
-                                      static_cast<uint16_t>(h)},
-                        r.data());
+  encode_request_header(
+      RequestHeader{magic, version, 0, id, identity, static_cast<uint16_t>(w), static_cast<uint16_t>(h)}, r.data());
   if (w <= kMaxDim && h <= kMaxDim) probe_image(1, identity, id, w, h, r.data() + kRequestHeaderBytes);
   return r;
 }

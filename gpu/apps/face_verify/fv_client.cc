@@ -33,7 +33,7 @@ struct Options {
   sockaddr_in server{};
   std::string server_text = "127.0.0.1:7000";
   int conns = 4, ports = 1;  // connection c goes to the server's port + c % ports
-  uint64_t requests = 0;  // closed loop: total; 0 = by duration
+  uint64_t requests = 0;     // closed loop: total; 0 = by duration
   double duration = 0, warmup = 0, rate = 0;
   uint32_t width = 128, height = 128, grid = kDefaultGrid, threshold_q16 = kDefaultThresholdQ16, pool = 1024;
   DatasetParams data;
@@ -61,8 +61,8 @@ std::vector<PoolEntry> build_pool(const Options &o) {
       const RequestPlan plan = request_plan(o.data, i);
       PoolEntry &e = pool[i];
       e.request.resize(kRequestHeaderBytes + base.size());
-      encode_request_header(RequestHeader{kRequestMagic, kVersion, 0, 0, plan.claimed,
-                                          static_cast<uint16_t>(o.width), static_cast<uint16_t>(o.height)},
+      encode_request_header(RequestHeader{kRequestMagic, kVersion, 0, 0, plan.claimed, static_cast<uint16_t>(o.width),
+                                          static_cast<uint16_t>(o.height)},
                             e.request.data());
       uint8_t *img = e.request.data() + kRequestHeaderBytes;
       probe_image(o.data.seed, plan.source, plan.variant, o.width, o.height, img);
@@ -110,7 +110,8 @@ class Run {
     const int fd = socket(AF_INET, SOCK_STREAM, 0);
     const int one = 1;
     if (fd < 0 || connect(fd, (const sockaddr *)&addr, sizeof addr) < 0) {
-      t->fail(std::string("connect ") + o_.server_text + " (+" + std::to_string(c % o_.ports) + "): " + strerror(errno));
+      t->fail(std::string("connect ") + o_.server_text + " (+" + std::to_string(c % o_.ports) +
+              "): " + strerror(errno));
       if (fd >= 0) close(fd);
       return -1;
     }
@@ -260,8 +261,8 @@ bool parse_options(int argc, char **argv, Options *o) {
     else if (n == "--json") o->json = f.next();
     else return false;
   }
-  const RequestHeader h{kRequestMagic, kVersion, 0, 0, 0, static_cast<uint16_t>(o->width),
-                        static_cast<uint16_t>(o->height)};
+  const RequestHeader h{
+      kRequestMagic, kVersion, 0, 0, 0, static_cast<uint16_t>(o->width), static_cast<uint16_t>(o->height)};
   return parse_endpoint(o->server_text, &o->server) && o->conns > 0 && o->ports > 0 && o->pool > 0 && o->grid >= 1 &&
          o->grid <= kMaxGrid && o->width <= kMaxDim && o->height <= kMaxDim &&
          validate_request(h, o->grid) == kReasonNone && (o->requests > 0 || o->duration > 0) &&
@@ -276,10 +277,12 @@ int main(int argc, char **argv) {
   Options o;
   if (!parse_options(argc, argv, &o)) {
     std::fprintf(stderr,
-                 "usage: %s --server A.B.C.D:PORT [--conns C] [--ports K] (--requests N | --duration S) [--rate R] [--warmup S]\n"
+                 "usage: %s --server A.B.C.D:PORT [--conns C] [--ports K] (--requests N | --duration S) [--rate R] "
+                 "[--warmup S]\n"
                  "       [--size S | --width W --height H] [--identities N] [--seed S] [--match-pct P]\n"
                  "       [--unknown-pct P] [--grid G] [--threshold-q16 T] [--pool P] [--timeout-ms MS]\n"
-                 "       [--allow-db-errors | --expect-db-errors] [--label L] [--json FILE]\n", argv[0]);
+                 "       [--allow-db-errors | --expect-db-errors] [--label L] [--json FILE]\n",
+                 argv[0]);
     return 2;
   }
   signal(SIGPIPE, SIG_IGN);

@@ -51,15 +51,13 @@ struct Tally {
     const bool db = got.verdict == kError && got.reason == kDatabase;
     database_errors += db;
     const bool same = got.verdict == expect.verdict && got.reason == expect.reason &&
-                      got.request_id == expect.request_id && got.chi2_q16 == expect.chi2_q16 &&
-                      got.bins == expect.bins;
-    const bool right = mode == Expect::kExact                  ? same
+                      got.request_id == expect.request_id && got.chi2_q16 == expect.chi2_q16 && got.bins == expect.bins;
+    const bool right = mode == Expect::kExact                 ? same
                        : mode == Expect::kAllowDatabaseErrors ? same || (db && got.request_id == expect.request_id)
                                                               : db && got.request_id == expect.request_id;
     if (!right) {
       char what[256];
-      std::snprintf(what, sizeof what,
-                    "request %llu: got %s/%s chi2 %llu bins %u, expected %s/%s chi2 %llu bins %u",
+      std::snprintf(what, sizeof what, "request %llu: got %s/%s chi2 %llu bins %u, expected %s/%s chi2 %llu bins %u",
                     (unsigned long long)got.request_id, verdict_name(got.verdict), reason_name(got.reason),
                     (unsigned long long)got.chi2_q16, got.bins, verdict_name(expect.verdict),
                     reason_name(expect.reason), (unsigned long long)expect.chi2_q16, expect.bins);
@@ -91,13 +89,14 @@ struct Tally {
 
   void print_summary(const RunInfo &info) {
     std::sort(latencies.begin(), latencies.end());
-    std::printf("fv_client[%s]: %s loop, %d conns, %ux%u: %llu replies, %.0f req/s over %.2f s; latency us p50 %.1f "
-                "p99 %.1f p99.9 %.1f max %.1f; match %llu no-match %llu unknown %llu error %llu (database %llu); "
-                "wrong %llu\n",
-                info.label.c_str(), info.mode, info.conns, info.width, info.height, (unsigned long long)replies,
-                throughput(), seconds, quantile_us(0.5), quantile_us(0.99), quantile_us(0.999), quantile_us(1.0),
-                (unsigned long long)verdicts[0], (unsigned long long)verdicts[1], (unsigned long long)verdicts[2],
-                (unsigned long long)verdicts[3], (unsigned long long)database_errors, (unsigned long long)wrong);
+    std::printf(
+        "fv_client[%s]: %s loop, %d conns, %ux%u: %llu replies, %.0f req/s over %.2f s; latency us p50 %.1f "
+        "p99 %.1f p99.9 %.1f max %.1f; match %llu no-match %llu unknown %llu error %llu (database %llu); "
+        "wrong %llu\n",
+        info.label.c_str(), info.mode, info.conns, info.width, info.height, (unsigned long long)replies, throughput(),
+        seconds, quantile_us(0.5), quantile_us(0.99), quantile_us(0.999), quantile_us(1.0),
+        (unsigned long long)verdicts[0], (unsigned long long)verdicts[1], (unsigned long long)verdicts[2],
+        (unsigned long long)verdicts[3], (unsigned long long)database_errors, (unsigned long long)wrong);
     if (wrong) std::printf("fv_client[%s]: first wrong reply: %s\n", info.label.c_str(), first_wrong.c_str());
     if (failed) std::printf("fv_client[%s]: FAILED: %s\n", info.label.c_str(), why.c_str());
     std::fflush(stdout);
@@ -124,8 +123,7 @@ struct Tally {
     for (int i = 0; i < 99; ++i) ps.push_back(i / 100.0);
     for (int i = 990; i < 1000; ++i) ps.push_back(i / 1000.0);
     for (int i = 9990; i <= 10000; ++i) ps.push_back(i / 10000.0);
-    for (size_t i = 0; i < ps.size(); ++i)
-      std::fprintf(f, "%s[%.4f, %.2f]", i ? ", " : "", ps[i], quantile_us(ps[i]));
+    for (size_t i = 0; i < ps.size(); ++i) std::fprintf(f, "%s[%.4f, %.2f]", i ? ", " : "", ps[i], quantile_us(ps[i]));
     std::fprintf(f, "]}\n");
     return std::fclose(f) == 0;
   }

@@ -129,7 +129,8 @@ class Worker {
             replies_[i] = verdict_reply(id, f, chi2_q16(&hists_[i * kMaxBins], value, f.bins()), config_.threshold_q16);
         },
         [&] {
-          for (size_t i = 0; i < n; ++i) lbp_histogram(ready[i]->reader.image(), features(i), table_, &hists_[i * kMaxBins]);
+          for (size_t i = 0; i < n; ++i)
+            lbp_histogram(ready[i]->reader.image(), features(i), table_, &hists_[i * kMaxBins]);
         });
     for (size_t i = 0; i < n; ++i) {
       stats_->count(replies_[i]);

@@ -39,21 +39,21 @@ struct BlockCounters {
 };
 
 struct Params {
-  int conns;               // per block
+  int conns;  // per block
   uint32_t grid, threshold_q16, max_dim;
   int mc_timeout_ms;
   sockaddr_in memcached;
-  size_t conn_bytes;       // receive buffer per connection: a whole request of max_dim x max_dim
-  size_t block_bytes;      // GPU memory per block (BlockMemory below)
+  size_t conn_bytes;   // receive buffer per connection: a whole request of max_dim x max_dim
+  size_t block_bytes;  // GPU memory per block (BlockMemory below)
 };
 
 // One block's slice of GPU memory.
 struct BlockMemory {
-  gpollfd *polls;    // [0] the listener, [1..conns] connections
-  uint8_t *conn;     // conns x conn_bytes
-  uint8_t *mc;       // the memcached reply
-  uint8_t *cmd;      // the get command (64 bytes)
-  uint8_t *reply;    // the reply (64 bytes)
+  gpollfd *polls;         // [0] the listener, [1..conns] connections
+  uint8_t *conn;          // conns x conn_bytes
+  uint8_t *mc;            // the memcached reply
+  uint8_t *cmd;           // the get command (64 bytes)
+  uint8_t *reply;         // the reply (64 bytes)
   uint8_t *host_scratch;  // host backend: the block's "shared memory"
 };
 
@@ -99,8 +99,8 @@ struct BlockServer {
   const DeviceContext &ctx;
   int listener;
   const Params &p;
-  uint8_t *memory;           // blocks x p.block_bytes, GPU memory
-  BlockCounters *counters;   // per block, host-mapped
+  uint8_t *memory;          // blocks x p.block_bytes, GPU memory
+  BlockCounters *counters;  // per block, host-mapped
 
   GS_HD void run() const {
     const BlockMemory m = block_memory(memory + size_t(block_index()) * p.block_bytes, p);
@@ -157,7 +157,7 @@ struct BlockServer {
     if (c < 0) return;
     int slot = 1;
     while (slot <= p.conns && m.polls[slot].fd >= 0) ++slot;
-    sync_block();  // everyone has read the free slot before it is taken
+    sync_block();          // everyone has read the free slot before it is taken
     if (slot > p.conns) {  // cannot happen: the listener is watched only with room
       gclose(ctx, c);
       return;
@@ -328,9 +328,9 @@ bool parse(int argc, char **argv, Options *o) {
     else if (n == "--host-backend") o->force_host = true;
     else return false;
   }
-  return o->server.check("fv_gpu_server") && o->conns >= 1 && o->conns <= kMaxConnsPerBlock &&
-         o->proxies >= 1 && o->proxies <= kMaxProxies && o->server.port + o->proxies <= 65536 &&
-         o->max_dim >= kMinDim && o->max_dim <= kMaxDim && o->ring_kib >= 8;
+  return o->server.check("fv_gpu_server") && o->conns >= 1 && o->conns <= kMaxConnsPerBlock && o->proxies >= 1 &&
+         o->proxies <= kMaxProxies && o->server.port + o->proxies <= 65536 && o->max_dim >= kMinDim &&
+         o->max_dim <= kMaxDim && o->ring_kib >= 8;
 }
 
 // Proxy k with its listener on port + k, serving blocks k, k + proxies, ...
@@ -428,11 +428,12 @@ int main(int argc, char **argv) {
     std::fprintf(stderr, "fv_gpu_server: launch: %s\n", gs_status_name(rc));
     return 1;
   }
-  std::printf("fv_gpu_server: listening on port %d (%s backend, %u blocks x %u threads, %d connections per block, "
-              "%d prox%s on ports %d-%d, grid %u, memcached %s, %s)\n",
-              o.server.port, backend_name(backend), o.blocks, o.threads, o.conns, o.proxies,
-              o.proxies > 1 ? "ies" : "y", o.server.port, o.server.port + o.proxies - 1, p.grid,
-              o.server.memcached_text.c_str(), proxies[0]->placement().c_str());
+  std::printf(
+      "fv_gpu_server: listening on port %d (%s backend, %u blocks x %u threads, %d connections per block, "
+      "%d prox%s on ports %d-%d, grid %u, memcached %s, %s)\n",
+      o.server.port, backend_name(backend), o.blocks, o.threads, o.conns, o.proxies, o.proxies > 1 ? "ies" : "y",
+      o.server.port, o.server.port + o.proxies - 1, p.grid, o.server.memcached_text.c_str(),
+      proxies[0]->placement().c_str());
   std::fflush(stdout);
   for (int t = 0; !g_stop && (o.seconds <= 0 || t < o.seconds * 10); ++t) usleep(100000);
   for (int k = 0; k < o.proxies; ++k) proxies[k]->request_kernel_stop();

@@ -101,7 +101,10 @@ struct Batch {
 class IoThread {
  public:
   IoThread(const Config &c, BatchDevice *dev, ServerStats *stats)
-      : c_(c), dev_(dev), stats_(stats), mc_(c.server.memcached, c.server.mc_timeout_ms),
+      : c_(c),
+        dev_(dev),
+        stats_(stats),
+        mc_(c.server.memcached, c.server.mc_timeout_ms),
         record_stride_(static_cast<uint32_t>((record_bytes(c.server.grid) + 15) & ~size_t(15))),
         image_capacity_(size_t(c.batch_mib) << 20) {}
 
@@ -237,13 +240,14 @@ class IoThread {
       Batch::Item &it = b.items[i];
       if (rc < 0) it.compare = false, it.reply = error_reply(it.header.request_id, kDatabase);
       if (!it.compare) continue;
-      b.h_meta[b.gpu_items++] = ItemMeta{it.header.request_id, it.image_offset, static_cast<uint32_t>(i),
-                                         it.header.width, it.header.height};
+      b.h_meta[b.gpu_items++] =
+          ItemMeta{it.header.request_id, it.image_offset, static_cast<uint32_t>(i), it.header.width, it.header.height};
     }
     if (b.gpu_items > 0) {
       dev_->to_device(b.d_meta, b.h_meta, sizeof(ItemMeta) * b.gpu_items, b.queue);
       dev_->to_device(b.d_records, b.h_records, n * record_stride_, b.queue);
-      const BatchKernel k{b.d_images, b.d_meta, b.d_records, b.d_results, c_.server.grid, c_.server.threshold_q16,
+      const BatchKernel k{b.d_images,     b.d_meta,       b.d_records,
+                          b.d_results,    c_.server.grid, c_.server.threshold_q16,
                           record_stride_, b.host_scratch};
       if (dev_->launch(static_cast<unsigned>(b.gpu_items), c_.threads, k, b.queue) < 0) fatal("kernel launch");
       dev_->to_host(b.h_results, b.d_results, sizeof(Reply) * b.gpu_items, b.queue);
@@ -310,8 +314,8 @@ bool parse(int argc, char **argv, Config *c) {
     else if (n == "--host-backend") c->force_host = true;
     else return false;
   }
-  return c->server.check("fv_hostcentric_server") && c->io_threads >= 1 && c->batch >= 1 &&
-         c->batch_timeout_us >= 0 && c->max_dim >= kMinDim && c->max_dim <= kMaxDim &&
+  return c->server.check("fv_hostcentric_server") && c->io_threads >= 1 && c->batch >= 1 && c->batch_timeout_us >= 0 &&
+         c->max_dim >= kMinDim && c->max_dim <= kMaxDim &&
          (size_t(c->batch_mib) << 20) >= size_t(c->max_dim) * c->max_dim;
 }
 
@@ -324,7 +328,8 @@ int main(int argc, char **argv) {
   if (!parse(argc, argv, &c)) {
     std::fprintf(stderr,
                  "usage: %s [--io-threads N] [--batch B] [--batch-timeout-us US] [--threads T] [--max-dim D] "
-                 "[--batch-mib M (>= max-dim^2)] [--host-backend] %s\n", argv[0], ServerConfig::kUsage);
+                 "[--batch-mib M (>= max-dim^2)] [--host-backend] %s\n",
+                 argv[0], ServerConfig::kUsage);
     return 2;
   }
   install_stop_handlers();
@@ -333,8 +338,8 @@ int main(int argc, char **argv) {
   BatchDevice device(backend);
   const int listener = listen_on<GsIo>(c.server.port);
   if (listener < 0) {
-    std::fprintf(stderr, "fv_hostcentric_server: listen on port %d: %s (%s)\n", c.server.port,
-                 gs_status_name(listener), gs_last_error());
+    std::fprintf(stderr, "fv_hostcentric_server: listen on port %d: %s (%s)\n", c.server.port, gs_status_name(listener),
+                 gs_last_error());
     return 1;
   }
   ServerStats stats;
@@ -346,10 +351,11 @@ int main(int argc, char **argv) {
       return 1;
     }
   }
-  std::printf("fv_hostcentric_server: listening on port %d (%s backend, %d I/O threads, batch %d, timeout %d us, "
-              "grid %u, memcached %s)\n",
-              c.server.port, gpusock::backend_name(backend), c.io_threads, c.batch, c.batch_timeout_us, c.server.grid,
-              c.server.memcached_text.c_str());
+  std::printf(
+      "fv_hostcentric_server: listening on port %d (%s backend, %d I/O threads, batch %d, timeout %d us, "
+      "grid %u, memcached %s)\n",
+      c.server.port, gpusock::backend_name(backend), c.io_threads, c.batch, c.batch_timeout_us, c.server.grid,
+      c.server.memcached_text.c_str());
   std::fflush(stdout);
   accept_loop<GsIo>(listener, pool, &stats);
   for (auto &t : pool) t->join();

@@ -15,9 +15,9 @@ namespace fv {
 // Per-block working memory: GPU shared memory on the GPU; on the host
 // backend, `host_scratch`: kHostScratchBytes of the block's own.
 struct BlockScratch {
-  uint32_t *hist;                 // kMaxBins
-  uint8_t *table;                 // 256: code -> uniform bin
-  unsigned long long *chi2;       // the block's sum
+  uint32_t *hist;            // kMaxBins
+  uint8_t *table;            // 256: code -> uniform bin
+  unsigned long long *chi2;  // the block's sum
 };
 inline constexpr size_t kHostScratchBytes = sizeof(uint32_t) * kMaxBins + 256 + 64;
 

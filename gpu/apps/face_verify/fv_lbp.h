@@ -29,9 +29,9 @@
 
 namespace fv {
 
-inline constexpr uint32_t kBins = 59;       // per cell
-inline constexpr uint32_t kDefaultGrid = 8; // cells per side
-inline constexpr uint32_t kMaxGrid = 12;    // 144 cells x 59 bins x 4 B = 34 KB of GPU shared memory
+inline constexpr uint32_t kBins = 59;        // per cell
+inline constexpr uint32_t kDefaultGrid = 8;  // cells per side
+inline constexpr uint32_t kMaxGrid = 12;     // 144 cells x 59 bins x 4 B = 34 KB of GPU shared memory
 inline constexpr uint32_t kMaxBins = kMaxGrid * kMaxGrid * kBins;
 // 0.5 per bin: with the generated data set (fv_dataset.h) genuine probes
 // stay below ~0.4 and impostors above ~0.6 at 64, 128 and 256 pixels
@@ -110,8 +110,7 @@ GS_HD Reply verdict_reply(uint64_t request_id, const Features &f, uint64_t chi2_
 // ---- the CPU implementation (the CPU server's hot loop and everyone's reference)
 
 // The codes of one row: a loop the compiler vectorizes (-O3).
-inline void lbp_row_codes(const uint8_t *above, const uint8_t *mid, const uint8_t *below, uint32_t n,
-                          uint8_t *codes) {
+inline void lbp_row_codes(const uint8_t *above, const uint8_t *mid, const uint8_t *below, uint32_t n, uint8_t *codes) {
   for (uint32_t x = 0; x < n; ++x) codes[x] = static_cast<uint8_t>(lbp_code(above, mid, below, x));
 }
 

@@ -39,13 +39,14 @@ int main(int argc, char **argv) {
     else {
       std::fprintf(stderr,
                    "usage: %s [--memcached A.B.C.D:PORT] [--identities N] [--size S | --width W --height H] "
-                   "[--grid G] [--seed S] [--threads T] [--batch B]\n", argv[0]);
+                   "[--grid G] [--seed S] [--threads T] [--batch B]\n",
+                   argv[0]);
       return 2;
     }
   }
   sockaddr_in addr{};
-  const RequestHeader probe{kRequestMagic, kVersion, 0, 0, 0, static_cast<uint16_t>(width),
-                            static_cast<uint16_t>(height)};
+  const RequestHeader probe{
+      kRequestMagic, kVersion, 0, 0, 0, static_cast<uint16_t>(width), static_cast<uint16_t>(height)};
   if (!parse_endpoint(memcached, &addr) || grid < 1 || grid > kMaxGrid || width > kMaxDim || height > kMaxDim ||
       validate_request(probe, grid) != kReasonNone || threads < 1 || batch < 1) {
     std::fprintf(stderr, "fv_load: bad arguments (memcached A.B.C.D:PORT, size in [%u, %u], grid in [1, %u])\n",
@@ -92,7 +93,7 @@ int main(int argc, char **argv) {
                  strerror(-failure.load()), stored.load());
     return 1;
   }
-  std::printf("fv_load: stored %u references (face:%ux%u:<id>, grid %u, %zu bytes each) in %.2f s\n",
-              stored.load(), width, height, grid, record_bytes(grid), secs);
+  std::printf("fv_load: stored %u references (face:%ux%u:<id>, grid %u, %zu bytes each) in %.2f s\n", stored.load(),
+              width, height, grid, record_bytes(grid), secs);
   return 0;
 }

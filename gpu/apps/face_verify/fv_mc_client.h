@@ -57,8 +57,7 @@ class McClient {
       }
       return exchange(n, run_between, [&](size_t i, const uint8_t *p, size_t have) {
         const McReply r = mc_parse_get(p, have, keys[i].text, keys[i].len, kMaxRecordBytes);
-        if (r.status == kMcHit || r.status == kMcMiss)
-          on_reply(i, r.status, p + r.data_offset, r.data_len);
+        if (r.status == kMcHit || r.status == kMcMiss) on_reply(i, r.status, p + r.data_offset, r.data_len);
         return r;
       });
     });
@@ -78,7 +77,8 @@ class McClient {
         append(data, len);
         append("\r\n", 2);
       }
-      return exchange(n, [] {}, [](size_t, const uint8_t *p, size_t have) { return mc_parse_stored(p, have); });
+      return exchange(
+          n, [] {}, [](size_t, const uint8_t *p, size_t have) { return mc_parse_stored(p, have); });
     });
   }
 

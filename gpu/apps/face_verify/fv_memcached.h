@@ -134,11 +134,11 @@ GS_HD McReply mc_parse_stored(const uint8_t *buf, size_t n) {
 // What the answer to a request's get means: true when `value` is a reference
 // to compare with; otherwise *reply is the answer (unknown identity, a record
 // of another format). `status` is kMcHit or kMcMiss.
-GS_HD bool reference_usable(McStatus status, const uint8_t *value, size_t len, const Features &f,
-                            uint64_t request_id, Reply *reply) {
+GS_HD bool reference_usable(McStatus status, const uint8_t *value, size_t len, const Features &f, uint64_t request_id,
+                            Reply *reply) {
   if (status == kMcHit && record_matches(value, len, f)) return true;
-  *reply = status == kMcMiss ? Reply{kUnknownIdentity, kReasonNone, request_id, 0, 0}
-                             : error_reply(request_id, kBadRecord);
+  *reply =
+      status == kMcMiss ? Reply{kUnknownIdentity, kReasonNone, request_id, 0, 0} : error_reply(request_id, kBadRecord);
   return false;
 }
 

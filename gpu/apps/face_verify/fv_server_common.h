@@ -110,12 +110,13 @@ struct ServerStats {
       bad_requests.fetch_add(1, std::memory_order_relaxed);
   }
   void print(const char *who) const {
-    std::printf("%s: replies: match %llu, no-match %llu, unknown-identity %llu, error %llu "
-                "(bad requests %llu, database %llu); connections %llu, closed mid-request %llu\n",
-                who, (unsigned long long)verdicts[0].load(), (unsigned long long)verdicts[1].load(),
-                (unsigned long long)verdicts[2].load(), (unsigned long long)verdicts[3].load(),
-                (unsigned long long)bad_requests.load(), (unsigned long long)database_errors.load(),
-                (unsigned long long)connections.load(), (unsigned long long)closed_mid_request.load());
+    std::printf(
+        "%s: replies: match %llu, no-match %llu, unknown-identity %llu, error %llu "
+        "(bad requests %llu, database %llu); connections %llu, closed mid-request %llu\n",
+        who, (unsigned long long)verdicts[0].load(), (unsigned long long)verdicts[1].load(),
+        (unsigned long long)verdicts[2].load(), (unsigned long long)verdicts[3].load(),
+        (unsigned long long)bad_requests.load(), (unsigned long long)database_errors.load(),
+        (unsigned long long)connections.load(), (unsigned long long)closed_mid_request.load());
     std::fflush(stdout);
   }
 };

@@ -28,7 +28,7 @@ inline constexpr uint32_t kReplyMagic = 0x50525646u;    // bytes 'F' 'V' 'R' 'P'
 inline constexpr uint16_t kVersion = 1;
 inline constexpr size_t kRequestHeaderBytes = 24;
 inline constexpr size_t kReplyBytes = 32;
-inline constexpr uint32_t kMinDim = 8;     // width and height, inclusive
+inline constexpr uint32_t kMinDim = 8;  // width and height, inclusive
 inline constexpr uint32_t kMaxDim = 1024;
 inline constexpr size_t kMaxRequestBytes = kRequestHeaderBytes + size_t(kMaxDim) * kMaxDim;
 
@@ -44,31 +44,44 @@ enum Reason : uint8_t {
   kBadMagic = 1,
   kBadVersion = 2,
   kBadFlags = 3,
-  kBadSize = 4,        // width/height outside [kMinDim, kMaxDim], or a cell too large for the grid
-  kDatabase = 5,       // memcached unreachable, timed out or answered garbage
-  kBadRecord = 6,      // the stored reference has another format (size, grid)
+  kBadSize = 4,    // width/height outside [kMinDim, kMaxDim], or a cell too large for the grid
+  kDatabase = 5,   // memcached unreachable, timed out or answered garbage
+  kBadRecord = 6,  // the stored reference has another format (size, grid)
 };
 
 GS_HD const char *verdict_name(uint8_t v) {
   switch (v) {
-    case kMatch: return "match";
-    case kNoMatch: return "no-match";
-    case kUnknownIdentity: return "unknown-identity";
-    case kError: return "error";
-    default: return "?";
+    case kMatch:
+      return "match";
+    case kNoMatch:
+      return "no-match";
+    case kUnknownIdentity:
+      return "unknown-identity";
+    case kError:
+      return "error";
+    default:
+      return "?";
   }
 }
 
 GS_HD const char *reason_name(uint8_t r) {
   switch (r) {
-    case kReasonNone: return "none";
-    case kBadMagic: return "bad-magic";
-    case kBadVersion: return "bad-version";
-    case kBadFlags: return "bad-flags";
-    case kBadSize: return "bad-size";
-    case kDatabase: return "database";
-    case kBadRecord: return "bad-record";
-    default: return "?";
+    case kReasonNone:
+      return "none";
+    case kBadMagic:
+      return "bad-magic";
+    case kBadVersion:
+      return "bad-version";
+    case kBadFlags:
+      return "bad-flags";
+    case kBadSize:
+      return "bad-size";
+    case kDatabase:
+      return "database";
+    case kBadRecord:
+      return "bad-record";
+    default:
+      return "?";
   }
 }
 
@@ -97,7 +110,7 @@ struct Reply {
   uint8_t reason;
   uint64_t request_id;
   uint64_t chi2_q16;
-  uint32_t bins;    // histogram bins compared (0 when none were)
+  uint32_t bins;  // histogram bins compared (0 when none were)
 };
 
 GS_HD RequestHeader decode_request_header(const uint8_t *p) {
@@ -122,9 +135,7 @@ GS_HD void encode_request_header(const RequestHeader &h, uint8_t *p) {
   store_le(p + 22, h.height, 2);
 }
 
-GS_HD size_t request_bytes(const RequestHeader &h) {
-  return kRequestHeaderBytes + size_t(h.width) * h.height;
-}
+GS_HD size_t request_bytes(const RequestHeader &h) { return kRequestHeaderBytes + size_t(h.width) * h.height; }
 
 // The most LBP codes that fall into one cell of a grid x grid split of the
 // (w - 2) x (h - 2) code area (fv_lbp.h's cell_of): stored counts are 16-bit.

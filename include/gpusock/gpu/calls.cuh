@@ -33,8 +33,8 @@ namespace gpusock {
 // protocol: ignored.
 GPUSOCK_BLOCK_AND_WARP_CALL(int, gsocket, socket, (const DeviceContext &c, int domain, int type, int /*protocol*/ = 0),
                             (c, domain, type))
-GPUSOCK_BLOCK_AND_WARP_CALL(gs_status_t, gbind, bind, (const DeviceContext &c, int s, const sockaddr *addr, socklen_t len),
-                            (c, s, addr, len))
+GPUSOCK_BLOCK_AND_WARP_CALL(gs_status_t, gbind, bind,
+                            (const DeviceContext &c, int s, const sockaddr *addr, socklen_t len), (c, s, addr, len))
 GPUSOCK_BLOCK_AND_WARP_CALL(gs_status_t, glisten, listen, (const DeviceContext &c, int s, int backlog), (c, s, backlog))
 // flags: SOCK_NONBLOCK for the new socket. The listener's own mode decides
 // whether gaccept waits.

@@ -45,8 +45,8 @@ GS_HD StatusView read_status(const DeviceContext &c, const SocketStatus *st) {
   (void)c;
   StatusView v;
   uint32_t a[4], b[4];
-  prim::load_relaxed_x4(&st->state, a);    // state, releases, ctrl_done, ctrl_result
-  prim::load_relaxed_x4(&st->buffer, b);   // buffer, accept_queued, error, send_error
+  prim::load_relaxed_x4(&st->state, a);   // state, releases, ctrl_done, ctrl_result
+  prim::load_relaxed_x4(&st->buffer, b);  // buffer, accept_queued, error, send_error
   // The counters last, with acquire: ring bytes published before them are
   // visible to the loads after this one, with no separate fence.
   prim::load_acquire_x2(&st->recv_write, &v.recv_write, &v.send_done);
@@ -139,7 +139,8 @@ GS_HD int push_request(const DeviceContext &c, const Request &r, bool release = 
 
 GS_HD bool ring_has_room(const DeviceContext &c) {
   const unsigned long long issued_now = *reinterpret_cast<volatile unsigned long long *>(c.ticket);
-  if (c.consumed_seen && issued_now - *reinterpret_cast<volatile unsigned long long *>(c.consumed_seen) <= c.request_mask)
+  if (c.consumed_seen &&
+      issued_now - *reinterpret_cast<volatile unsigned long long *>(c.consumed_seen) <= c.request_mask)
     return true;
   const unsigned long long issued = *reinterpret_cast<volatile unsigned long long *>(c.ticket);
   return issued - prim::load_acquire(&c.shared->consumed) <= c.request_mask;

@@ -118,9 +118,7 @@ static_assert(!std::is_copy_constructible_v<Grid> && !std::is_copy_assignable_v<
 // reads and writes it over PCIe, the CPU at DRAM speed) and GPU memory.
 class CudaMemoryResource final : public MemoryResource {
  public:
-  explicit CudaMemoryResource(int device) : device_(device) {
-    snprintf(name_, sizeof name_, "cuda:%d", device);
-  }
+  explicit CudaMemoryResource(int device) : device_(device) { snprintf(name_, sizeof name_, "cuda:%d", device); }
   const char *name() const override { return name_; }
   bool has_device_memory() const override { return true; }
   gs_status_t allocate(MemoryKind kind, size_t size, MemoryBlock *out) override {

@@ -72,23 +72,23 @@ GS_HD void sync_warp() { host::t_thread.block->warp_barriers[warp_index()].arriv
 //   GPUSOCK_LOAD_WORD(T, name, ptx, constraint, order)  T name(const T *p)
 //   GPUSOCK_LOAD_PAIR(name, ptx, order)  void name(const uint64_t *p, uint64_t *a, uint64_t *b)
 #if defined(__CUDA_ARCH__)
-#define GPUSOCK_LOAD_WORD(T, name, ptx, constraint, order)                   \
-  GS_HD T name(const T *p) {                                                 \
-    T v;                                                                     \
+#define GPUSOCK_LOAD_WORD(T, name, ptx, constraint, order)                  \
+  GS_HD T name(const T *p) {                                                \
+    T v;                                                                    \
     asm volatile(ptx " %0, [%1];" : "=" constraint(v) : "l"(p) : "memory"); \
-    return v;                                                                \
+    return v;                                                               \
   }
 #define GPUSOCK_LOAD_PAIR(name, ptx, order)                                       \
-  GS_HD void name(const uint64_t *p, uint64_t *a, uint64_t *b) {                \
+  GS_HD void name(const uint64_t *p, uint64_t *a, uint64_t *b) {                  \
     asm volatile(ptx " {%0,%1}, [%2];" : "=l"(*a), "=l"(*b) : "l"(p) : "memory"); \
   }
 #else
 #define GPUSOCK_LOAD_WORD(T, name, ptx, constraint, order) \
   GS_HD T name(const T *p) { return __atomic_load_n(p, order); }
-#define GPUSOCK_LOAD_PAIR(name, ptx, order)                        \
+#define GPUSOCK_LOAD_PAIR(name, ptx, order)                      \
   GS_HD void name(const uint64_t *p, uint64_t *a, uint64_t *b) { \
-    *a = __atomic_load_n(p, order);                               \
-    *b = __atomic_load_n(p + 1, order);                           \
+    *a = __atomic_load_n(p, order);                              \
+    *b = __atomic_load_n(p + 1, order);                          \
   }
 #endif
 GPUSOCK_LOAD_WORD(uint64_t, load_acquire, "ld.acquire.sys.b64", "l", __ATOMIC_ACQUIRE)
@@ -158,11 +158,11 @@ GS_HD void store_release(uint64_t *p, uint64_t v) { __atomic_store_n(p, v, __ATO
 // atomic_cas: returns the value found (== expected on success).
 #if defined(__CUDA_ARCH__)
 template <class T>
-GS_HD T atomic_add(T *p, T v) { return atomicAdd(p, v); }
-GS_HD void atomic_max(unsigned long long *p, unsigned long long v) { atomicMax(p, v); }
-GS_HD uint32_t atomic_cas(uint32_t *p, uint32_t expected, uint32_t desired) {
-  return atomicCAS(p, expected, desired);
+GS_HD T atomic_add(T *p, T v) {
+  return atomicAdd(p, v);
 }
+GS_HD void atomic_max(unsigned long long *p, unsigned long long v) { atomicMax(p, v); }
+GS_HD uint32_t atomic_cas(uint32_t *p, uint32_t expected, uint32_t desired) { return atomicCAS(p, expected, desired); }
 GS_HD uint64_t now_ns() {
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -170,11 +170,12 @@ GS_HD uint64_t now_ns() {
 }
 #else
 template <class T>
-GS_HD T atomic_add(T *p, T v) { return __atomic_fetch_add(p, v, __ATOMIC_ACQ_REL); }
+GS_HD T atomic_add(T *p, T v) {
+  return __atomic_fetch_add(p, v, __ATOMIC_ACQ_REL);
+}
 GS_HD void atomic_max(unsigned long long *p, unsigned long long v) {
   unsigned long long cur = __atomic_load_n(p, __ATOMIC_RELAXED);
-  while (cur < v && !__atomic_compare_exchange_n(p, &cur, v, true, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {
-  }
+  while (cur < v && !__atomic_compare_exchange_n(p, &cur, v, true, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {}
 }
 GS_HD uint32_t atomic_cas(uint32_t *p, uint32_t expected, uint32_t desired) {
   __atomic_compare_exchange_n(p, &expected, desired, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);

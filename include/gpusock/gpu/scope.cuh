@@ -140,8 +140,7 @@ GS_HD void group_copy(uint8_t *dst, const uint8_t *src, size_t n, bool src_is_ri
     size_t i = r;
     if (src_is_ring) {
       for (; i + 3 * k < words; i += 4 * k) {
-        const uint4 a = __ldcv(s4 + i), b = __ldcv(s4 + i + k), e = __ldcv(s4 + i + 2 * k),
-                    f = __ldcv(s4 + i + 3 * k);
+        const uint4 a = __ldcv(s4 + i), b = __ldcv(s4 + i + k), e = __ldcv(s4 + i + 2 * k), f = __ldcv(s4 + i + 3 * k);
         d4[i] = a;
         d4[i + k] = b;
         d4[i + 2 * k] = e;

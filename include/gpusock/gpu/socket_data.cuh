@@ -83,7 +83,7 @@ GS_HD Plan recv_plan(const DeviceContext &c, int s, size_t want, bool dontwait, 
     const uint32_t state = v.state;
     const bool terminal = (state & (kStError | kStFailed | kStRecvClosed | kStHangup)) != 0;
     if (terminal && v.recv_write <= d.recv_read) {
-      prim::fence_acquire();  // the state was read relaxed: order the counters after it
+      prim::fence_acquire();    // the state was read relaxed: order the counters after it
       reread_counters(st, &v);  // counters are published before the state bits
     }
     const uint64_t written = v.recv_write;
@@ -187,8 +187,7 @@ GS_HD ssize_t send(const DeviceContext &c, int s, const void *buf, size_t len, i
     Plan p{};
     if (S::leader()) p = send_plan(c, s, send_piece(c, len - done), dontwait, deadline);
     p = S::broadcast(p);
-    if (p.n < 0 || (p.n == 0 && len > 0))
-      return done > 0 ? static_cast<ssize_t>(done) : static_cast<ssize_t>(p.n);
+    if (p.n < 0 || (p.n == 0 && len > 0)) return done > 0 ? static_cast<ssize_t>(done) : static_cast<ssize_t>(p.n);
     if (len == 0) return 0;
     if ((c.flags & kCtxInline) && done == 0 && len <= kInlineSendBytes && static_cast<size_t>(p.n) == len) {
       // A whole small message rides in the request (kOpDataInline): the proxy

@@ -49,9 +49,7 @@ sockaddr_in loopback(uint16_t port) {
   return addr;
 }
 
-uint16_t port_of(const sockaddr_storage &addr) {
-  return ntohs(reinterpret_cast<const sockaddr_in &>(addr).sin_port);
-}
+uint16_t port_of(const sockaddr_storage &addr) { return ntohs(reinterpret_cast<const sockaddr_in &>(addr).sin_port); }
 
 // A TCP port nobody listens on (bound and released by the kernel).
 uint16_t free_tcp_port() {
@@ -129,8 +127,7 @@ class FabricTest : public ::testing::TestWithParam<const char *> {
     CmEvent server_event;
   };
 
-  void connect_pair(Pair *pair, const std::vector<uint8_t> &client_record,
-                    const std::vector<uint8_t> &server_record) {
+  void connect_pair(Pair *pair, const std::vector<uint8_t> &client_record, const std::vector<uint8_t> &server_record) {
     ASSERT_EQ(domain_->create_endpoint(nullptr, &pair->client), 0);
     ASSERT_EQ(pair->client->post_recv(16), 0);  // before connect: must not be lost
     sockaddr_in addr = loopback(port_);
@@ -243,7 +240,8 @@ TEST_P(FabricTest, ConnectWriteDisconnect) {
       client_drain.poll(pair.client.get());
       server_drain.poll(pair.server.get());
       return server_drain.has_imm(w.imm, &got) && client_drain.has_write(w.token);
-    })) << "size " << n;
+    })) << "size "
+        << n;
     EXPECT_EQ(got.status, 0);
     EXPECT_EQ(got.length, n);
     Completion done;
@@ -794,7 +792,8 @@ constexpr const char *kChildEnv = "GPUSOCK_FABRIC_TEST_CHILD";
   for (;;) {
     CmEvent ev;
     if (ep->poll_cm(&ev) == 1) {
-      if (std::getenv("GPUSOCK_FABRIC_TEST_DEBUG")) std::fprintf(stderr, "child: event %d status %d\n", int(ev.kind), ev.status);
+      if (std::getenv("GPUSOCK_FABRIC_TEST_DEBUG"))
+        std::fprintf(stderr, "child: event %d status %d\n", int(ev.kind), ev.status);
       if (ev.kind != CmEventKind::kEstablished) _exit(6);
       // Tell the parent where to write.
       uint64_t info[2] = {mr.remote_addr, mr.rkey};
@@ -1221,8 +1220,8 @@ TEST(ShmNames, StaleRegionsOfAReusedPidDoNotCollide) {
     write_region_head(planted.back(), getpid());
   }
   // And one of the new form: our pid, the start time of an earlier process.
-  const std::string earlier = "gpusock-ep-" + std::to_string(getpid()) + "-" +
-                              std::to_string(shm::self().start - 1) + "-deadbeef-0";
+  const std::string earlier =
+      "gpusock-ep-" + std::to_string(getpid()) + "-" + std::to_string(shm::self().start - 1) + "-deadbeef-0";
   write_region_head(earlier, getpid());
 
   std::unique_ptr<Domain> domain;

@@ -62,7 +62,9 @@ class WaitTest : public ::testing::TestWithParam<const char *> {
   std::unique_ptr<Endpoint> new_endpoint() {
     std::unique_ptr<Endpoint> ep;
     EXPECT_EQ(domain_->create_endpoint(nullptr, &ep), 0);
-    if (ep) { EXPECT_EQ(ep->post_recv(kRecvPosts), 0); }
+    if (ep) {
+      EXPECT_EQ(ep->post_recv(kRecvPosts), 0);
+    }
     return ep;
   }
 
@@ -193,14 +195,16 @@ TEST_P(WaitTest, EventsWakeAndKeepArmFromSleeping) {
   // The client sleeps through its side of the handshake (verbs resolves the
   // address and the route in poll_cm before its request leaves).
   std::thread client_side([&] {
-    EXPECT_TRUE(sleep_until(client.get(), &client_seen, [&] { return client_seen.has_event(CmEventKind::kEstablished); }));
+    EXPECT_TRUE(
+        sleep_until(client.get(), &client_seen, [&] { return client_seen.has_event(CmEventKind::kEstablished); }));
   });
   ASSERT_NO_FATAL_FAILURE(expect_pending(listener_.get(), "connection request"));
   std::unique_ptr<ConnectionRequest> request;
   const bool requested = sleep_for_request(listener_.get(), &request);
   std::unique_ptr<Endpoint> server = requested ? accept(request.get()) : nullptr;
   if (server) {
-    EXPECT_TRUE(sleep_until(server.get(), &server_seen, [&] { return server_seen.has_event(CmEventKind::kEstablished); }));
+    EXPECT_TRUE(
+        sleep_until(server.get(), &server_seen, [&] { return server_seen.has_event(CmEventKind::kEstablished); }));
   } else {
     client->disconnect();  // ends the client's wait
   }
@@ -211,17 +215,22 @@ TEST_P(WaitTest, EventsWakeAndKeepArmFromSleeping) {
   ASSERT_TRUE(settle(server.get(), &server_seen));
   ASSERT_TRUE(settle(client.get(), &client_seen));
   ASSERT_EQ(client->post_write(write(7, 100, 70)), 0);
-  if (!is_verbs()) { EXPECT_EQ(client->arm_wait(), -EAGAIN) << "an inline write's completion is waiting"; }
+  if (!is_verbs()) {
+    EXPECT_EQ(client->arm_wait(), -EAGAIN) << "an inline write's completion is waiting";
+  }
   ASSERT_NO_FATAL_FAILURE(expect_pending(client.get(), "write completion"));
   ASSERT_NO_FATAL_FAILURE(expect_pending(server.get(), "write received"));
-  EXPECT_TRUE(sleep_until(server.get(), &server_seen, [&] { return server_seen.count(CompletionKind::kRecvImm, 7) == 1; }));
-  EXPECT_TRUE(sleep_until(client.get(), &client_seen, [&] { return client_seen.count(CompletionKind::kWriteDone, 70) == 1; }));
+  EXPECT_TRUE(
+      sleep_until(server.get(), &server_seen, [&] { return server_seen.count(CompletionKind::kRecvImm, 7) == 1; }));
+  EXPECT_TRUE(
+      sleep_until(client.get(), &client_seen, [&] { return client_seen.count(CompletionKind::kWriteDone, 70) == 1; }));
 
   // A disconnect.
   ASSERT_TRUE(settle(server.get(), &server_seen));
   client->disconnect();
   ASSERT_NO_FATAL_FAILURE(expect_pending(server.get(), "peer disconnected"));
-  EXPECT_TRUE(sleep_until(server.get(), &server_seen, [&] { return server_seen.has_event(CmEventKind::kDisconnected); }));
+  EXPECT_TRUE(
+      sleep_until(server.get(), &server_seen, [&] { return server_seen.has_event(CmEventKind::kDisconnected); }));
 }
 
 // (b) Both ends only ever sleep on their wait fds, each in its own thread:
@@ -262,7 +271,8 @@ TEST_P(WaitTest, SleepingPeersNeverStall) {
   ASSERT_TRUE(client);
   Seen seen;
   ASSERT_EQ(connect(client.get()), 0);
-  ASSERT_TRUE(sleep_until(client.get(), &seen, [&] { return seen.has_event(CmEventKind::kEstablished) || seen.closed(); }));
+  ASSERT_TRUE(
+      sleep_until(client.get(), &seen, [&] { return seen.has_event(CmEventKind::kEstablished) || seen.closed(); }));
   ASSERT_TRUE(seen.has_event(CmEventKind::kEstablished));
   for (uint32_t i = 0; i < kPings && server_ok; ++i) {
     ASSERT_EQ(client->post_write(write(i, sizes[i % 7], i)), 0);
@@ -303,7 +313,9 @@ TEST_P(WaitTest, MaybeReadyNeverHidesWork) {
   auto check = [](Endpoint *ep, Seen *seen, const char *who) {
     const bool maybe = ep->maybe_ready();
     const int n = progress(ep, seen);
-    if (!maybe) { EXPECT_EQ(n, 0) << who << ": maybe_ready said false, poll found " << n; }
+    if (!maybe) {
+      EXPECT_EQ(n, 0) << who << ": maybe_ready said false, poll found " << n;
+    }
   };
   Pair pair;
   pair.client = new_endpoint();

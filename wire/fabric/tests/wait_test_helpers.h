@@ -43,8 +43,7 @@ struct Seen {
     return false;
   }
   bool closed() const {
-    return has_event(CmEventKind::kDisconnected) || has_event(CmEventKind::kError) ||
-           has_event(CmEventKind::kRejected);
+    return has_event(CmEventKind::kDisconnected) || has_event(CmEventKind::kError) || has_event(CmEventKind::kRejected);
   }
   size_t count(CompletionKind kind, uint64_t token_or_imm) const {
     size_t n = 0;

@@ -345,8 +345,7 @@ TEST_F(SocketE2E, ListenOnAPortInUseSaysWhoHoldsIt) {
   const int fd = gs_socket(AF_INET, SOCK_STREAM, 0);
   ASSERT_GE(fd, 0);
   sockaddr_in a = test_address(port_);
-  ASSERT_EQ(gs_bind(fd, reinterpret_cast<sockaddr *>(&a), sizeof a) == 0 ? gs_listen(fd, 8) : -EADDRINUSE,
-            -EADDRINUSE);
+  ASSERT_EQ(gs_bind(fd, reinterpret_cast<sockaddr *>(&a), sizeof a) == 0 ? gs_listen(fd, 8) : -EADDRINUSE, -EADDRINUSE);
   const std::string why = gs_last_error();
   EXPECT_NE(why.find("EADDRINUSE"), std::string::npos) << why;
   const char *transport = std::getenv("GPUSOCK_TRANSPORT");

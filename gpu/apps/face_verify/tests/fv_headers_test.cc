@@ -45,10 +45,10 @@ TEST(Lbp, UniformTableHas59Bins) {
   EXPECT_EQ(uniform, 58);  // each uniform code has a bin of its own
   EXPECT_EQ(t[0x00], 0);
   EXPECT_EQ(t[0xFF], 57);
-  EXPECT_EQ(t[0x01], 1);       // one 1 at bit 0
-  EXPECT_EQ(t[0x80], 8);       // one 1 at bit 7
+  EXPECT_EQ(t[0x01], 1);              // one 1 at bit 0
+  EXPECT_EQ(t[0x80], 8);              // one 1 at bit 7
   EXPECT_EQ(t[0x83], 1 + 8 * 2 + 7);  // three ones starting at bit 7 (7, 0, 1)
-  EXPECT_EQ(t[0x05], 58);      // 00000101: four transitions
+  EXPECT_EQ(t[0x05], 58);             // 00000101: four transitions
 }
 
 TEST(Lbp, CodeOfKnownNeighbourhood) {
@@ -74,8 +74,8 @@ TEST(Lbp, HistogramOfVerticalEdge) {
   for (int y = 0; y < 12; ++y)
     for (int x = 0; x < 12; ++x) img[y * 12 + x] = x < 6 ? 10 : 200;
   const auto h = histogram(img, f);
-  EXPECT_EQ(h[57], 10u * 9);                   // 9 columns of 10 rows see all >=
-  EXPECT_EQ(h[1 + 8 * 4 + 1], 10u);            // 0x3E: five ones starting at bit 1
+  EXPECT_EQ(h[57], 10u * 9);         // 9 columns of 10 rows see all >=
+  EXPECT_EQ(h[1 + 8 * 4 + 1], 10u);  // 0x3E: five ones starting at bit 1
   uint32_t total = 0;
   for (uint32_t v : h) total += v;
   EXPECT_EQ(total, f.codes());
@@ -195,14 +195,14 @@ TEST(Memcached, EveryPrefixNeedsMore) {
 TEST(Memcached, RejectsGarbage) {
   for (const std::string s :
        {"ERROR\r\n", "SERVER_ERROR out of memory\r\n", "CLIENT_ERROR bad\r\n", "STORED\r\n", "EN\n",
-        "VALUE face:8x8:2 0 5\r\nabcde\r\nEND\r\n",     // another key
-        "VALUE face:8x8:10 0 5\r\nabcde\r\nEND\r\n",    // a longer key
+        "VALUE face:8x8:2 0 5\r\nabcde\r\nEND\r\n",   // another key
+        "VALUE face:8x8:10 0 5\r\nabcde\r\nEND\r\n",  // a longer key
         "VALUE face:8x8:1 0 -5\r\nabcde\r\nEND\r\n", "VALUE face:8x8:1 x 5\r\nabcde\r\nEND\r\n",
         "VALUE face:8x8:1 0\r\nabcde\r\nEND\r\n", "VALUE face:8x8:1 0 5 \r\nabcde\r\nEND\r\n",
-        "VALUE face:8x8:1 0 5\r\nabcdeXYEND\r\n",       // no CRLF after the data
-        "VALUE face:8x8:1 0 5\r\nabcde\r\nEND\r\r",     // bad trailer
-        "VALUE face:8x8:1 0 5\rXabcde\r\nEND\r\n",      // bad line end
-        "VALUE face:8x8:1 0 1001\r\n",                  // over the limit
+        "VALUE face:8x8:1 0 5\r\nabcdeXYEND\r\n",    // no CRLF after the data
+        "VALUE face:8x8:1 0 5\r\nabcde\r\nEND\r\r",  // bad trailer
+        "VALUE face:8x8:1 0 5\rXabcde\r\nEND\r\n",   // bad line end
+        "VALUE face:8x8:1 0 1001\r\n",               // over the limit
         "VALUE face:8x8:1 0 99999999999999999999\r\n"}) {
     EXPECT_EQ(parse(s).status, kMcError) << s;
   }
