@@ -66,11 +66,17 @@ struct InlineView {
   GS_HD const uint8_t *data() const { return reinterpret_cast<const uint8_t *>(w + 2); }
 };
 
-// Eight 16-byte relaxed loads, in flight together: issued before read_status
-// (whose last load is an acquire), they cost no round trip of their own.
-GS_HD void read_inline(const InlineRecv *r, InlineView *v) {
-  const uint64_t *src = reinterpret_cast<const uint64_t *>(r);
-  for (int i = 0; i < 16; i += 2) prim::load_relaxed_x2(src + i, &v->w[i], &v->w[i + 1]);
+// The status line and the socket's InlineRecv in one PCIe round trip: the
+// record's eight loads go first, the status line's after them, and only then
+// are the record's words stored where take_inline can index them (a store
+// that waited for its load before the status loads were issued would cost a
+// round trip of its own: a warp issues in order).
+GS_HD StatusView read_status(const DeviceContext &c, const SocketStatus *st, const InlineRecv *r, InlineView *iv) {
+  uint64_t w[sizeof(InlineRecv) / 8];
+  prim::load_relaxed_x16(reinterpret_cast<const uint64_t *>(r), w);
+  const StatusView v = read_status(c, st);
+  for (size_t i = 0; i < sizeof(InlineRecv) / 8; ++i) iv->w[i] = w[i];
+  return v;
 }
 
 // Counters again, after a fence_acquire() that followed the read of the state.

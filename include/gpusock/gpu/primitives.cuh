@@ -64,6 +64,8 @@ GS_HD void sync_warp() { host::t_thread.block->warp_barriers[warp_index()].arriv
 // load_relaxed_x2, load_acquire_x2: two 8-byte words (16-byte aligned) in one
 //   load; each word is read atomically, the pair is not.
 // load_relaxed_x4: four 4-byte words (16-byte aligned) in one relaxed load.
+// load_relaxed_x16: sixteen 8-byte words (16-byte aligned), all in flight at
+//   once; each word is read atomically, the whole is not.
 // fence_acquire: makes the relaxed loads before it acquires: later loads see
 //   at least what was published before the values they returned.
 //
@@ -103,6 +105,24 @@ GS_HD int32_t load_acquire(const int32_t *p) {
   return static_cast<int32_t>(load_acquire(reinterpret_cast<const uint32_t *>(p)));
 }
 #if defined(__CUDA_ARCH__)
+// 128 bytes as eight 16-byte loads issued back to back in one statement: the
+// warp issues in order, so loads written one by one, each result stored before
+// the next load, would wait a PCIe round trip apiece. No memory clobber: these
+// are relaxed, ordered with nothing.
+GS_HD void load_relaxed_x16(const uint64_t *p, uint64_t *w) {
+  asm volatile(
+      "ld.relaxed.sys.v2.u64 {%0,%1}, [%16];\n\t"
+      "ld.relaxed.sys.v2.u64 {%2,%3}, [%16+16];\n\t"
+      "ld.relaxed.sys.v2.u64 {%4,%5}, [%16+32];\n\t"
+      "ld.relaxed.sys.v2.u64 {%6,%7}, [%16+48];\n\t"
+      "ld.relaxed.sys.v2.u64 {%8,%9}, [%16+64];\n\t"
+      "ld.relaxed.sys.v2.u64 {%10,%11}, [%16+80];\n\t"
+      "ld.relaxed.sys.v2.u64 {%12,%13}, [%16+96];\n\t"
+      "ld.relaxed.sys.v2.u64 {%14,%15}, [%16+112];"
+      : "=l"(w[0]), "=l"(w[1]), "=l"(w[2]), "=l"(w[3]), "=l"(w[4]), "=l"(w[5]), "=l"(w[6]), "=l"(w[7]), "=l"(w[8]),
+        "=l"(w[9]), "=l"(w[10]), "=l"(w[11]), "=l"(w[12]), "=l"(w[13]), "=l"(w[14]), "=l"(w[15])
+      : "l"(p));
+}
 GS_HD void load_relaxed_x4(const uint32_t *p, uint32_t *w) {
   asm volatile("ld.relaxed.sys.v4.u32 {%0,%1,%2,%3}, [%4];"
                : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
@@ -111,6 +131,9 @@ GS_HD void load_relaxed_x4(const uint32_t *p, uint32_t *w) {
 }
 GS_HD void fence_acquire() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
 #else
+GS_HD void load_relaxed_x16(const uint64_t *p, uint64_t *w) {
+  for (int i = 0; i < 16; ++i) w[i] = __atomic_load_n(p + i, __ATOMIC_RELAXED);
+}
 GS_HD void load_relaxed_x4(const uint32_t *p, uint32_t *w) {
   for (int i = 0; i < 4; ++i) w[i] = __atomic_load_n(p + i, __ATOMIC_RELAXED);
 }

@@ -74,8 +74,7 @@ GS_HD Plan recv_plan(const DeviceContext &c, int s, size_t want, bool dontwait, 
   InlineView iv;
   for (;;) {
     const bool use_inline = (c.flags & kCtxInline) != 0;
-    if (use_inline) read_inline(c.inline_recv + s, &iv);  // in flight with the status line's loads
-    StatusView v = read_status(c, st);
+    StatusView v = use_inline ? read_status(c, st, c.inline_recv + s, &iv) : read_status(c, st);
     if (use_inline) {
       if (const uint64_t n = take_inline(iv, d.recv_read, v.recv_write, want, inline_dst))
         return Plan{static_cast<int64_t>(n), 0, 0};
