@@ -93,17 +93,35 @@ struct Batch {
   std::vector<Item> items;
   std::vector<McKey> keys;
   size_t image_bytes = 0;
-  uint64_t first_ns = 0, seq = 0;
+  uint64_t first_ns = 0, seq = 0, dispatch_ns = 0, queued_ns = 0;
   int gpu_items = 0;
   bool in_flight = false;
 };
 
+// Where a batch's time goes, summed over the run (printed at exit): waiting
+// to be dispatched, memcached's gets, queueing copies and kernel, the GPU
+// until the event is seen, and the replies.
+struct PhaseTotals {
+  std::atomic<uint64_t> batches{0}, items{0}, collect_ns{0}, memcached_ns{0}, queue_ns{0}, gpu_ns{0}, reply_ns{0};
+
+  void print(const char *who) const {
+    const double n = batches.load() ? double(batches.load()) : 1.0;
+    std::printf(
+        "%s: batches %llu (%.1f requests each); per batch us: collecting %.1f, memcached %.1f, queueing %.1f, "
+        "GPU %.1f, replying %.1f\n",
+        who, (unsigned long long)batches.load(), items.load() / n, collect_ns.load() / n / 1e3,
+        memcached_ns.load() / n / 1e3, queue_ns.load() / n / 1e3, gpu_ns.load() / n / 1e3, reply_ns.load() / n / 1e3);
+    std::fflush(stdout);
+  }
+};
+
 class IoThread {
  public:
-  IoThread(const Config &c, BatchDevice *dev, ServerStats *stats)
+  IoThread(const Config &c, BatchDevice *dev, ServerStats *stats, PhaseTotals *phases)
       : c_(c),
         dev_(dev),
         stats_(stats),
+        phases_(phases),
         mc_(c.server.memcached, c.server.mc_timeout_ms),
         record_stride_(static_cast<uint32_t>((record_bytes(c.server.grid) + 15) & ~size_t(15))),
         image_capacity_(size_t(c.batch_mib) << 20) {}
@@ -221,6 +239,7 @@ class IoThread {
     Batch &b = collecting();
     if (b.items.empty()) return;
     if (sets_[1 - cur_].in_flight) finish_oldest(true);  // both sets busy: wait for the older
+    b.dispatch_ns = now_ns();
     const size_t n = b.items.size();
     for (size_t i = 0; i < n; ++i) {
       const RequestHeader &h = b.items[i].header;
@@ -235,6 +254,7 @@ class IoThread {
           if (it.compare) memcpy(b.h_records + i * record_stride_, value, len);
         },
         [&] { dev_->to_device(b.d_images, b.h_images, b.image_bytes, b.queue); });  // while memcached works
+    const uint64_t got_ns = now_ns();
     b.gpu_items = 0;
     for (size_t i = 0; i < n; ++i) {
       Batch::Item &it = b.items[i];
@@ -253,6 +273,10 @@ class IoThread {
       dev_->to_host(b.h_results, b.d_results, sizeof(Reply) * b.gpu_items, b.queue);
     }
     if (dev_->record(b.queue) < 0) fatal("event");
+    b.queued_ns = now_ns();
+    phases_->collect_ns += b.dispatch_ns - b.first_ns;
+    phases_->memcached_ns += got_ns - b.dispatch_ns;
+    phases_->queue_ns += b.queued_ns - got_ns;
     b.in_flight = true;
     b.seq = ++dispatched_;
     cur_ = 1 - cur_;
@@ -267,6 +291,7 @@ class IoThread {
     const int rc = dev_->done(b->queue, wait);
     if (rc == 0) return;
     if (rc < 0) fatal("the GPU failed");
+    const uint64_t done_ns = now_ns();
     int g = 0;
     for (Batch::Item &it : b->items) {
       const Reply r = it.compare ? b->h_results[g++] : it.reply;
@@ -276,6 +301,10 @@ class IoThread {
           std::find(graveyard_.begin(), graveyard_.end(), it.conn) == graveyard_.end())
         graveyard_.push_back(it.conn);
     }
+    phases_->batches += 1;
+    phases_->items += b->items.size();
+    phases_->gpu_ns += done_ns - b->queued_ns;
+    phases_->reply_ns += now_ns() - done_ns;
     b->items.clear();
     b->image_bytes = 0;
     b->in_flight = false;
@@ -289,6 +318,7 @@ class IoThread {
   const Config &c_;
   BatchDevice *dev_;
   ServerStats *stats_;
+  PhaseTotals *phases_;
   McClient<GsIo> mc_;
   const uint32_t record_stride_;
   const size_t image_capacity_;
@@ -343,9 +373,10 @@ int main(int argc, char **argv) {
     return 1;
   }
   ServerStats stats;
+  PhaseTotals phases;
   std::vector<std::unique_ptr<IoThread>> pool;
   for (int i = 0; i < c.io_threads; ++i) {
-    pool.push_back(std::make_unique<IoThread>(c, &device, &stats));
+    pool.push_back(std::make_unique<IoThread>(c, &device, &stats, &phases));
     if (int rc = pool.back()->start(); rc < 0) {
       std::fprintf(stderr, "fv_hostcentric_server: I/O thread: %s\n", gs_status_name(rc));
       return 1;
@@ -360,5 +391,6 @@ int main(int argc, char **argv) {
   accept_loop<GsIo>(listener, pool, &stats);
   for (auto &t : pool) t->join();
   stats.print("fv_hostcentric_server");
+  phases.print("fv_hostcentric_server");
   return 0;
 }
