@@ -121,7 +121,7 @@ void Proxy::Impl::publish_slot(uint32_t index) {
   if (now.buffer != sh.buffer) publish(&st.buffer, now.buffer);
   if (now.recv_write != sh.recv_write) {
     // A small request or reply rides beside the status line (InlineRecv).
-    if (s.conn && (ctx_.flags & kCtxInline) && s.conn->fill_inline_recv(&inline_recv_[index]))
+    if (s.conn && (ctx_.flags & kCtxInlineRecv) && s.conn->fill_inline_recv(&inline_recv_[index]))
       stat_inline_recvs_.fetch_add(1, std::memory_order_relaxed);
     publish(&st.recv_write, now.recv_write);
     if (s.conn && now.recv_write > sh.recv_write) s.conn->note_data_published(Clock::now());

@@ -550,15 +550,25 @@ int main(int argc, char **argv) {
   }
 
   // ---- P4: CPU client against a GPU echo server and a CPU echo server. The
-  // GPU server runs twice: small messages inline (the default) and through
-  // the rings (a copy of the context without kCtxInline), side by side.
+  // GPU server runs with small messages inline both ways (the default), then
+  // inline one way only and through the rings both ways (copies of the
+  // context with fewer ContextFlags), side by side: what each half is worth.
   if (listener >= 0) {
-    double gpu_ns = -1, cpu_ns = -1, rings_ns = -1;
-    for (const bool inline_on : {true, false}) {
+    struct Mode {
+      const char *name;
+      uint32_t flags;
+      double ns = -1;
+    };
+    Mode modes[] = {{"inline", channel::kCtxInline},
+                    {"inline-recv", channel::kCtxInlineRecv},
+                    {"inline-send", channel::kCtxInlineSend},
+                    {"rings", 0u}};
+    double cpu_ns = -1;
+    for (Mode &m : modes) {
       if (slot >= kResults) break;
       BenchResult *r = res_host + slot;
       DeviceContext c = ctx;
-      if (!inline_on) c.flags &= ~channel::kCtxInline;
+      c.flags &= m.flags;
       if (grid.start(backend, shape,
                      EchoServerKernel{c, listener, static_cast<uint8_t *>(big.device), 1u << 16, res_dev + slot}) ==
           0) {
@@ -569,18 +579,19 @@ int main(int argc, char **argv) {
         const double wall = watch.ns();
         const ProxyStats s1 = proxy->stats();
         const double turns = double(s1.turnarounds - s0.turnarounds);
-        std::printf("  (P4 %s: proxy %.0f ns/pass, %.2f requests per round trip, GPU turnaround %.2f us)\n",
-                    inline_on ? "inline" : "rings", wall / std::max<double>(1, double(s1.passes - s0.passes)),
+        std::printf("  (P4 %s: %.2f us; proxy %.0f ns/pass, %.2f requests per round trip, GPU turnaround %.2f us)\n",
+                    m.name, ns / 1000.0, wall / std::max<double>(1, double(s1.passes - s0.passes)),
                     double(s1.requests - s0.requests) / std::max(1, iters + 100),
                     turns > 0 ? double(s1.turnaround_ns - s0.turnaround_ns) / turns / 1000.0 : -1.0);
         if (ns < 0) proxy->request_kernel_stop();
         grid.wait();
         if (r->error != 0)
           std::printf("  (GPU echo server ended with %s)\n", gs_status_name(static_cast<int>(r->error)));
-        (inline_on ? gpu_ns : rings_ns) = ns;
+        m.ns = ns;
       }
       ++slot;
     }
+    const double gpu_ns = modes[0].ns, rings_ns = modes[3].ns;
     {
       const int port = gpusock::test::free_port();
       Peer server({"echo1", std::to_string(port)});

@@ -185,7 +185,9 @@ enum DeviceSocketFlags : uint32_t {
 };
 
 enum ContextFlags : uint32_t {
-  kCtxInline = 1u << 0,  // small messages ride in requests and InlineRecv (off: through the rings)
+  kCtxInlineRecv = 1u << 0,  // small received messages ride in InlineRecv beside the status (off: the ring)
+  kCtxInlineSend = 1u << 1,  // small sent messages ride in their request (off: through the send ring)
+  kCtxInline = kCtxInlineRecv | kCtxInlineSend,
 };
 
 // Everything a kernel needs, passed by value. Pointers are as the GPU sees

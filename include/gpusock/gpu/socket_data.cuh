@@ -73,7 +73,7 @@ GS_HD Plan recv_plan(const DeviceContext &c, int s, size_t want, bool dontwait, 
   prim::Backoff backoff;
   InlineView iv;
   for (;;) {
-    const bool use_inline = (c.flags & kCtxInline) != 0;
+    const bool use_inline = (c.flags & kCtxInlineRecv) != 0;
     StatusView v = use_inline ? read_status(c, st, c.inline_recv + s, &iv) : read_status(c, st);
     if (use_inline) {
       if (const uint64_t n = take_inline(iv, d.recv_read, v.recv_write, want, inline_dst))
@@ -188,7 +188,7 @@ GS_HD ssize_t send(const DeviceContext &c, int s, const void *buf, size_t len, i
     p = S::broadcast(p);
     if (p.n < 0 || (p.n == 0 && len > 0)) return done > 0 ? static_cast<ssize_t>(done) : static_cast<ssize_t>(p.n);
     if (len == 0) return 0;
-    if ((c.flags & kCtxInline) && done == 0 && len <= kInlineSendBytes && static_cast<size_t>(p.n) == len) {
+    if ((c.flags & kCtxInlineSend) && done == 0 && len <= kInlineSendBytes && static_cast<size_t>(p.n) == len) {
       // A whole small message rides in the request (kOpDataInline): the proxy
       // writes it into the ring, so the GPU writes no ring byte and needs no
       // release fence. The plan's broadcast was the barrier after which the
