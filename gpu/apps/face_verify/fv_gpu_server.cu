@@ -36,6 +36,10 @@ inline constexpr size_t kMcBufferBytes = (kMcMaxLine + kMaxRecordBytes + 7 + 15)
 // What a block counts (host-mapped; written once, when the kernel ends).
 struct BlockCounters {
   unsigned long long verdicts[4], bad_requests, database_errors, connections, closed_mid_request, mc_connects;
+  // Where an answered request's time goes (GPU clock, summed): receiving it
+  // (first bytes seen to last), sending the get, the histogram, waiting for
+  // memcached's reply after it, the chi-square, sending the reply.
+  unsigned long long timed, ns_receive, ns_get, ns_histogram, ns_reference, ns_chi2, ns_reply;
 };
 
 struct Params {
@@ -88,8 +92,9 @@ struct ListenKernel {
 // Block-uniform state: every thread keeps an identical copy (all of them see
 // the same results of the block-cooperative calls), so none needs a barrier.
 struct BlockState {
-  int have[kMaxConnsPerBlock];  // bytes of the current request per connection
-  int mc = -1;                  // the memcached socket
+  int have[kMaxConnsPerBlock];           // bytes of the current request per connection
+  uint64_t first_ns[kMaxConnsPerBlock];  // when its first bytes were seen
+  int mc = -1;                           // the memcached socket
   BlockCounters n{};
   uint64_t listener_checked = 0;
 };
@@ -188,6 +193,7 @@ struct BlockServer {
         answer(m, s, i, h, buf + kRequestHeaderBytes, st);
         return;  // one request per connection per round: fair to the others
       }
+      if (have == 0) st->first_ns[i - 1] = gpusock::now_ns();
       const ssize_t n = grecv(ctx, m.polls[i].fd, buf + have, want - have);
       if (n == -EAGAIN) return;
       if (n <= 0) return close_conn(m, i, st);  // EOF (maybe mid-request) or an error
@@ -208,6 +214,8 @@ struct BlockServer {
 
   GS_HD void answer(const BlockMemory &m, const BlockScratch &s, int i, const RequestHeader &h, const uint8_t *image,
                     BlockState *st) const {
+    const uint64_t t0 = gpusock::now_ns();
+    st->n.ns_receive += t0 - st->first_ns[i - 1];
     const Features f{h.width, h.height, p.grid};
     char key[kMaxKeyBytes];
     const size_t key_len = format_key(key, h.width, h.height, h.identity);
@@ -219,10 +227,15 @@ struct BlockServer {
       r = error_reply(h.request_id, kDatabase);
       ++st->n.database_errors;
     } else if (reference_usable(got.status, m.mc + got.data_offset, got.data_len, f, h.request_id, &r)) {
+      const uint64_t t1 = gpusock::now_ns();
       r = verdict_reply(h.request_id, f, block_chi2(m.mc + got.data_offset, f, s), p.threshold_q16);
+      st->n.ns_chi2 += gpusock::now_ns() - t1;
     }
     st->have[i - 1] = 0;
+    const uint64_t t2 = gpusock::now_ns();
     send_reply(m, i, r, st);
+    st->n.ns_reply += gpusock::now_ns() - t2;
+    ++st->n.timed;
   }
 
   // The get on the block's memcached socket, the histogram while memcached
@@ -236,10 +249,16 @@ struct BlockServer {
     for (;;) {
       const bool fresh = st->mc < 0;
       if (fresh && (st->mc = connect_memcached(st)) < 0) return McReply{kMcError, 0, 0, 0};
+      const uint64_t t0 = gpusock::now_ns();
       const ssize_t sent = gsend(ctx, st->mc, m.cmd, cmd_len, 0, p.mc_timeout_ms);
+      const uint64_t t1 = gpusock::now_ns();
       if (!histogram_done) block_histogram(image, f, s);
       histogram_done = true;
+      const uint64_t t2 = gpusock::now_ns();
       const McReply r = sent == ssize_t(cmd_len) ? receive_reply(m, key, key_len, st->mc) : McReply{kMcError, 0, 0, 0};
+      st->n.ns_get += t1 - t0;
+      st->n.ns_histogram += t2 - t1;
+      st->n.ns_reference += gpusock::now_ns() - t2;
       if (r.status != kMcError) return r;
       gclose(ctx, st->mc);
       st->mc = -1;
@@ -361,8 +380,17 @@ int start_proxy(const Options &o, Backend backend, MemoryResource *memory, int k
 void print_stats(const BlockCounters *counters, unsigned blocks) {
   ServerStats stats;
   unsigned long long mc_connects = 0;
+  BlockCounters t{};
   for (unsigned b = 0; b < blocks; ++b) {
     const BlockCounters &c = counters[b];
+    for (auto [sum, part] : {std::pair{&t.timed, c.timed},
+                             {&t.ns_receive, c.ns_receive},
+                             {&t.ns_get, c.ns_get},
+                             {&t.ns_histogram, c.ns_histogram},
+                             {&t.ns_reference, c.ns_reference},
+                             {&t.ns_chi2, c.ns_chi2},
+                             {&t.ns_reply, c.ns_reply}})
+      *sum += part;
     for (int v = 0; v < 4; ++v) stats.verdicts[v] += c.verdicts[v];
     stats.bad_requests += c.bad_requests;
     stats.database_errors += c.database_errors;
@@ -372,6 +400,12 @@ void print_stats(const BlockCounters *counters, unsigned blocks) {
   }
   stats.print("fv_gpu_server");
   std::printf("fv_gpu_server: memcached connections opened %llu\n", mc_connects);
+  const double n = t.timed ? double(t.timed) : 1.0;
+  std::printf(
+      "fv_gpu_server: %llu requests; per request us: receiving %.1f, get %.1f, histogram %.1f, waiting for the "
+      "reference %.1f, chi-square %.1f, reply %.1f\n",
+      t.timed, t.ns_receive / n / 1e3, t.ns_get / n / 1e3, t.ns_histogram / n / 1e3, t.ns_reference / n / 1e3,
+      t.ns_chi2 / n / 1e3, t.ns_reply / n / 1e3);
 }
 
 }  // namespace
