@@ -1,5 +1,6 @@
 #include "wire/socket/waiting.h"
 
+#include <sched.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -73,9 +74,17 @@ int sleep_on(std::vector<pollfd> &fds, int64_t timeout_us) {
   return n;
 }
 
+// The cores this process may run on: its affinity mask (taskset, cgroups'
+// cpusets), not the machine's, so spinning is sized to the cores it has.
+static long usable_cores() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
+}
+
 int64_t SpinBudget::ceiling_us() {
   static const int64_t ceiling = [] {
-    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    const long cores = usable_cores();
     const int64_t fallback = cores <= 1 ? 0 : cores <= 2 ? 20 : cores <= 4 ? 50 : 100;
     return std::min<int64_t>(env_or("GPUSOCK_BUSY_POLL_US", fallback), 10000000);
   }();
@@ -84,7 +93,7 @@ int64_t SpinBudget::ceiling_us() {
 
 int64_t SpinBudget::next_us() {
   static const int max_spinners = [] {
-    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    const long cores = usable_cores();
     return static_cast<int>(std::max<int64_t>(1, env_or("GPUSOCK_MAX_SPINNERS", std::max(1L, cores / 2))));
   }();
   if (t_spin_us < 0) t_spin_us = ceiling_us();
