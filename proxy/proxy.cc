@@ -116,8 +116,8 @@ gs_status_t Proxy::Impl::start(const ProxyOptions &options_in, MemoryResource *m
   ctx_.max_sockets = options_.max_sockets;
   ctx_.buffer_sets = sets;
   const char *inline_env = std::getenv("GPUSOCK_GPU_INLINE");
-  if (inline_env && *inline_env) options_.inline_messages = std::atoi(inline_env) != 0;
-  ctx_.flags = options_.inline_messages ? kCtxInline : 0u;
+  if (inline_env && *inline_env) options_.inline_messages = static_cast<uint32_t>(std::atoi(inline_env));
+  ctx_.flags = options_.inline_messages & kCtxInline;
 
   slots_.resize(options_.max_sockets);
   shadows_.resize(options_.max_sockets);

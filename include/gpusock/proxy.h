@@ -63,8 +63,11 @@ struct ProxyOptions {
                                     // (-1: GPUSOCK_PROXY_LISTENER_POLL_US, else 20; 0: every pass)
   int close_flush_ms = 5000;        // how long a closed connection may take to flush
   bool quiet = false;               // do not print the memory placement line at start
-  bool inline_messages = true;      // small messages ride in requests and beside the status line
-                                    // (channel::kCtxInline; GPUSOCK_GPU_INLINE=0 turns it off)
+  // Which small messages skip the rings (channel::ContextFlags; GPUSOCK_GPU_INLINE
+  // gives the bits: 0 none, 1 received, 2 sent, 3 both). Sent only by default:
+  // on the H100 a received message beside the status line made the GPU's
+  // polls slower than the second read it saves (docs/gpu.md).
+  uint32_t inline_messages = channel::kCtxInlineSend;
 };
 
 struct ProxyStats {
