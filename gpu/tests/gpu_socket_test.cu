@@ -662,7 +662,10 @@ class GpuEcho : public GpuSockets, public ::testing::WithParamInterface<EchoCase
 
 TEST_P(GpuEcho, BlocksEchoCpuClients) {
   const EchoCase c = GetParam();
-  start_proxy();
+  const bool small = c.max_size <= static_cast<int>(channel::kInlineSendBytes);
+  ProxyOptions options;
+  if (small) options.inline_messages = channel::kCtxInline;  // both inline paths, not only the default one
+  start_proxy(options);
   const int port = free_port();
   const int total = static_cast<int>(c.blocks) * c.conns_per_block;
   const int listener = gpu_listen(port, total);
@@ -690,7 +693,7 @@ TEST_P(GpuEcho, BlocksEchoCpuClients) {
     bytes += res[b].bytes;
   }
   EXPECT_GT(bytes, 0);
-  if (c.max_size <= static_cast<int>(channel::kInlineSendBytes)) {
+  if (small) {
     // Small messages take the inline paths: in the request, beside the status.
     EXPECT_GT(proxy_->stats().inline_sends, 0u);
     EXPECT_GT(proxy_->stats().inline_recvs, 0u);
