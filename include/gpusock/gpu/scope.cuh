@@ -119,49 +119,57 @@ GS_HD auto on_leader(const F &leader_part) {
   return S::broadcast(result);
 }
 
+#if defined(__CUDA_ARCH__)
+// One 16-byte word of a group copy. Ring bytes are written by the NIC / the
+// proxy's transport, so they are loaded uncached (__ldcv: no stale line from
+// an earlier lap); the side in GPU memory may be unaligned and goes bytewise.
+__device__ inline uint4 copy_load(const uint8_t *p, bool src_is_ring, bool aligned) {
+  if (src_is_ring) return __ldcv(reinterpret_cast<const uint4 *>(p));  // aligned: the ring side anchors the words
+  uint4 v;
+  if (aligned) v = *reinterpret_cast<const uint4 *>(p);
+  else memcpy(&v, p, 16);
+  return v;
+}
+__device__ inline void copy_store(uint8_t *p, const uint4 &v, bool aligned) {
+  if (aligned) *reinterpret_cast<uint4 *>(p) = v;
+  else memcpy(p, &v, 16);
+}
+#endif
+
 // Copies n bytes with every thread of the scope. On the GPU consecutive threads
-// take consecutive 16-byte words (coalesced); on the host each thread takes one
-// contiguous chunk (no false sharing).
+// take consecutive 16-byte words (coalesced), aligned on the side in host
+// memory (the ring: receive's source, send's destination), which is a PCIe
+// round trip away: it is read or written in whole words, four per thread in
+// flight before the first store (a store may alias the next load), and only
+// the GPU-memory side goes bytewise when the two disagree mod 16 (byte loads
+// from the ring made a 16 KiB receive ~60 round trips long). On the host each
+// thread takes one contiguous chunk (no false sharing).
 template <class S>
 GS_HD void group_copy(uint8_t *dst, const uint8_t *src, size_t n, bool src_is_ring) {
   const unsigned r = S::rank(), k = S::size();
 #if defined(__CUDA_ARCH__)
-  size_t head = 0;
-  if (((reinterpret_cast<uintptr_t>(dst) ^ reinterpret_cast<uintptr_t>(src)) & 15) == 0) {
-    head = (16 - (reinterpret_cast<uintptr_t>(src) & 15)) & 15;
-    if (head > n) head = n;
-    const size_t words = (n - head) / 16;
-    const uint4 *s4 = reinterpret_cast<const uint4 *>(src + head);
-    uint4 *d4 = reinterpret_cast<uint4 *>(dst + head);
-    // Ring bytes are written by the NIC / the proxy's transport: load them
-    // uncached (__ldcv) so no stale line from an earlier lap is used.
-    // Four loads in flight per thread before the first store: host memory is
-    // a PCIe round trip away, and a store may alias the next load.
-    size_t i = r;
-    if (src_is_ring) {
-      for (; i + 3 * k < words; i += 4 * k) {
-        const uint4 a = __ldcv(s4 + i), b = __ldcv(s4 + i + k), e = __ldcv(s4 + i + 2 * k), f = __ldcv(s4 + i + 3 * k);
-        d4[i] = a;
-        d4[i + k] = b;
-        d4[i + 2 * k] = e;
-        d4[i + 3 * k] = f;
-      }
-      for (; i < words; i += k) d4[i] = __ldcv(s4 + i);
-    } else {
-      for (; i + 3 * k < words; i += 4 * k) {
-        const uint4 a = s4[i], b = s4[i + k], e = s4[i + 2 * k], f = s4[i + 3 * k];
-        d4[i] = a;
-        d4[i + k] = b;
-        d4[i + 2 * k] = e;
-        d4[i + 3 * k] = f;
-      }
-      for (; i < words; i += k) d4[i] = s4[i];
-    }
-    for (size_t i = r; i < head; i += k) dst[i] = src_is_ring ? __ldcv(src + i) : src[i];
-    for (size_t i = head + words * 16 + r; i < n; i += k) dst[i] = src_is_ring ? __ldcv(src + i) : src[i];
-  } else {
-    for (size_t i = r; i < n; i += k) dst[i] = src_is_ring ? __ldcv(src + i) : src[i];
+  const uintptr_t ring_side = reinterpret_cast<uintptr_t>(src_is_ring ? src : dst);
+  size_t head = (16 - (ring_side & 15)) & 15;
+  if (head > n) head = n;
+  const size_t words = (n - head) / 16;
+  const uint8_t *s = src + head;
+  uint8_t *d = dst + head;
+  const bool s_aligned = (reinterpret_cast<uintptr_t>(s) & 15) == 0;
+  const bool d_aligned = (reinterpret_cast<uintptr_t>(d) & 15) == 0;
+  size_t i = r;
+  for (; i + 3 * k < words; i += 4 * k) {
+    const uint4 a = copy_load(s + 16 * i, src_is_ring, s_aligned),
+                b = copy_load(s + 16 * (i + k), src_is_ring, s_aligned),
+                e = copy_load(s + 16 * (i + 2 * k), src_is_ring, s_aligned),
+                f = copy_load(s + 16 * (i + 3 * k), src_is_ring, s_aligned);
+    copy_store(d + 16 * i, a, d_aligned);
+    copy_store(d + 16 * (i + k), b, d_aligned);
+    copy_store(d + 16 * (i + 2 * k), e, d_aligned);
+    copy_store(d + 16 * (i + 3 * k), f, d_aligned);
   }
+  for (; i < words; i += k) copy_store(d + 16 * i, copy_load(s + 16 * i, src_is_ring, s_aligned), d_aligned);
+  for (size_t j = r; j < head; j += k) dst[j] = src_is_ring ? __ldcv(src + j) : src[j];
+  for (size_t j = head + words * 16 + r; j < n; j += k) dst[j] = src_is_ring ? __ldcv(src + j) : src[j];
 #else
   (void)src_is_ring;
   const size_t chunk = ((n + k - 1) / k + 63) & ~size_t(63);
