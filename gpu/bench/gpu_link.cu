@@ -272,7 +272,7 @@ int main_(int argc, char **argv) {
   }
   const bool known =
       pos.size() == 2 && (is_stream(pos[0]) || pos[0] == "ping" || pos[0] == "pong" || pos[0] == "pair-ping");
-  if (!known || a.window == 0 || a.size == 0 || (a.cpu && pos[0].rfind("pair-", 0) == 0)) {
+  if (!known || a.window < 16 || a.size == 0 || (a.cpu && pos[0].rfind("pair-", 0) == 0)) {
     std::fprintf(stderr, "usage: gpu_link [options] recv|send|pong|ping|pair-stream|pair-ping PORT (see the source)\n");
     return 2;
   }

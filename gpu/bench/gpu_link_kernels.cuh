@@ -99,7 +99,7 @@ struct StreamSendKernel {
   int listener;
   sockaddr_in to;
   uint64_t bytes;
-  uint8_t *buf;  // window bytes of GPU memory
+  uint8_t *buf;  // window bytes of GPU memory (window >= 16, 8-byte aligned)
   uint64_t window;
   uint64_t seed;
   LinkResult *out;
@@ -117,16 +117,19 @@ struct StreamSendKernel {
       if (n <= 0) r.error = n < 0 ? static_cast<int>(n) : -EIO;
       else sent += static_cast<uint64_t>(n);
     }
-    int64_t reply[2] = {-1, -1};
+    // The answer lands in GPU memory (the window, >= 16 bytes, is free now):
+    // a small message may be copied by the leader alone.
+    int64_t *reply = reinterpret_cast<int64_t *>(buf);
     if (s >= 0) {
       if (r.error == 0) r.error = gshutdown(ctx, s, SHUT_WR);
-      const ssize_t n = r.error == 0 ? grecv(ctx, s, reply, sizeof reply, MSG_WAITALL, 60000) : 0;
-      if (r.error == 0 && n != static_cast<ssize_t>(sizeof reply)) r.error = n < 0 ? static_cast<int>(n) : -EPROTO;
+      const ssize_t n = r.error == 0 ? grecv(ctx, s, reply, 2 * sizeof(int64_t), MSG_WAITALL, 60000) : 0;
+      if (r.error == 0 && n != static_cast<ssize_t>(2 * sizeof(int64_t)))
+        r.error = n < 0 ? static_cast<int>(n) : -EPROTO;
       gclose(ctx, s);
     }
     r.ns = static_cast<int64_t>(now_ns() - t0);
-    r.bytes = reply[0];
-    r.bad = reply[1];
+    r.bytes = r.error == 0 ? reply[0] : -1;
+    r.bad = r.error == 0 ? reply[1] : -1;
     publish_result(out, r);
   }
 };
