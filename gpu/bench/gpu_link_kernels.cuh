@@ -41,7 +41,7 @@ GS_HD void publish_result(LinkResult *out, const LinkResult &r) {
   out->error = r.error;
   out->fd = r.fd;
 #if defined(__CUDA_ARCH__)
-  __threadfence_system();
+  __threadfence_system();  // the fields before the flag
   *reinterpret_cast<volatile int32_t *>(&out->done) = 1;
   __threadfence_system();
 #else

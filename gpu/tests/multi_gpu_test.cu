@@ -5,6 +5,7 @@
 // (real GPUs; one GPU serves as several when there is only one: GpuSet's
 // `share`). The transport is GPUSOCK_TRANSPORT's, set by ctest per run.
 #include "gpu/bench/gpu_link_kernels.cuh"
+#include "gpu/tests/agent_kernels.cuh"
 #include "gpu/tests/harness.h"
 
 #include <gpusock/gpu.cuh>
@@ -26,27 +27,6 @@ constexpr unsigned kThreads = 128;
 constexpr Backend kBackend = Backend::kHost;
 constexpr unsigned kThreads = 4;  // emulated threads are host threads: keep few
 #endif
-
-// Claims sockets until none is left, then closes them: how many there were.
-struct CountSlotsKernel {
-  DeviceContext ctx;
-  int *fds;
-  int max;
-  LinkResult *out;
-  GS_HD void operator()() const {
-    int n = 0;
-    for (; n < max; ++n) {
-      const int s = gsocket(ctx, AF_INET, SOCK_STREAM);
-      if (s < 0) break;
-      if (thread_rank() == 0) fds[n] = s;
-    }
-    sync_block();
-    for (int i = 0; i < n; ++i) gclose(ctx, fds[i]);
-    LinkResult r{};
-    r.rounds = n;
-    link::publish_result(out, r);
-  }
-};
 
 class MultiGpu : public ::testing::Test {
  protected:
@@ -76,9 +56,9 @@ class MultiGpu : public ::testing::Test {
   void launch(int gpu, Grid &grid, const K &kernel) {
     ASSERT_EQ(gpus_->launch(gpu, grid, LaunchShape{1, kThreads, 0}, kernel), 0);
   }
-  // Waits for a kernel's result, then for its grid.
-  void finish(Grid &grid, const LinkResult *r, int ms) {
-    const bool done = wait_until([&] { return load_shared(&r->done) == 1; }, ms);
+  // Waits for a kernel's result (its `done` flag), then for its grid.
+  void finish(Grid &grid, const int32_t *done_flag, int ms) {
+    const bool done = wait_until([&] { return load_shared(done_flag) == 1; }, ms);
     if (!done) gpus_->request_kernel_stop();
     EXPECT_EQ(grid.wait(), 0) << grid.last_error();
     ASSERT_TRUE(done) << "the kernel did not finish in " << ms << " ms";
@@ -86,7 +66,7 @@ class MultiGpu : public ::testing::Test {
   int listen(int gpu, int port) {
     LinkResult *r = mem_.alloc<LinkResult>(1);
     launch(gpu, grids_[gpu], link::ListenKernel{gpus_->context(gpu), loopback(port), 8, r});
-    finish(grids_[gpu], r, 20000);
+    finish(grids_[gpu], &r->done, 20000);
     EXPECT_EQ(r->error, 0) << gs_status_name(r->error);
     return r->fd;
   }
@@ -101,8 +81,8 @@ class MultiGpu : public ::testing::Test {
     launch(from, grids_[from],
            link::StreamSendKernel{gpus_->context(from), -1, loopback(port), bytes, gpu_buffer(from, window), window,
                                   seed, r + 1});
-    finish(grids_[from], r + 1, 120000);
-    finish(grids_[to], r, 20000);
+    finish(grids_[from], &r[1].done, 120000);
+    finish(grids_[to], &r->done, 20000);
     EXPECT_EQ(r[0].error, 0) << gs_status_name(r[0].error);
     EXPECT_EQ(r[1].error, 0) << gs_status_name(r[1].error);
     EXPECT_EQ(static_cast<uint64_t>(r[0].bytes), bytes) << "received";
@@ -120,8 +100,8 @@ class MultiGpu : public ::testing::Test {
     launch(pinger, grids_[pinger],
            link::PingPongKernel{gpus_->context(pinger), -1, loopback(port), true, size, rounds,
                                 gpu_buffer(pinger, 2 * size), r + 1});
-    finish(grids_[pinger], r + 1, 120000);
-    finish(grids_[ponger], r, 20000);
+    finish(grids_[pinger], &r[1].done, 120000);
+    finish(grids_[ponger], &r->done, 20000);
     for (int i = 0; i < 2; ++i) {
       EXPECT_EQ(r[i].error, 0) << gs_status_name(r[i].error);
       EXPECT_EQ(r[i].rounds, rounds);
@@ -157,11 +137,11 @@ TEST_F(MultiGpu, EachGpuHasItsOwnProxyAndSockets) {
     EXPECT_EQ(memories.size(), 3u) << "one emulated GPU each";
   }
   // Every GPU claims all of its 8 slots at once: no GPU sees another's table.
-  LinkResult *r = mem_.alloc<LinkResult>(3);
-  for (int i = 0; i < 3; ++i) launch(i, grids_[i], CountSlotsKernel{gpus_->context(i), mem_.alloc<int>(16), 16, r + i});
+  AgentResult *r = mem_.alloc<AgentResult>(3);
+  for (int i = 0; i < 3; ++i) launch(i, grids_[i], ClaimAllKernel{gpus_->context(i), mem_.alloc<int>(16), 16, r + i});
   for (int i = 0; i < 3; ++i) {
-    finish(grids_[i], r + i, 20000);
-    EXPECT_EQ(r[i].rounds, 8) << "GPU " << i;
+    finish(grids_[i], &r[i].done, 20000);
+    EXPECT_EQ(r[i].value, 8) << "GPU " << i;
   }
 }
 
@@ -195,7 +175,7 @@ TEST_F(MultiGpu, GpuToGpuStreamOtherProcess) {
     launch(
         0, grids_[0],
         link::StreamSendKernel{gpus_->context(0), -1, loopback(port), bytes, gpu_buffer(0, 1u << 16), 1u << 16, 21, r});
-    finish(grids_[0], r, 120000);
+    finish(grids_[0], &r->done, 120000);
     EXPECT_EQ(r->error, 0) << gs_status_name(r->error);
     EXPECT_EQ(static_cast<uint64_t>(r->bytes), bytes);
     EXPECT_EQ(r->bad, 0);
@@ -213,7 +193,7 @@ TEST_F(MultiGpu, GpuToGpuStreamOtherProcess) {
     LinkResult *r = mem_.alloc<LinkResult>(1);
     launch(0, grids_[0],
            link::StreamRecvKernel{gpus_->context(0), l, loopback(port), gpu_buffer(0, 1u << 15), 1u << 15, 22, r});
-    finish(grids_[0], r, 120000);
+    finish(grids_[0], &r->done, 120000);
     EXPECT_EQ(r->error, 0) << gs_status_name(r->error);
     EXPECT_EQ(static_cast<uint64_t>(r->bytes), bytes);
     EXPECT_EQ(r->bad, 0);
@@ -230,7 +210,7 @@ TEST_F(MultiGpu, GpuToGpuPingPongOtherProcess) {
   LinkResult *r = mem_.alloc<LinkResult>(1);
   launch(0, grids_[0],
          link::PingPongKernel{gpus_->context(0), -1, loopback(port), true, 256, 200, gpu_buffer(0, 512), r});
-  finish(grids_[0], r, 120000);
+  finish(grids_[0], &r->done, 120000);
   EXPECT_EQ(r->error, 0) << gs_status_name(r->error);
   EXPECT_EQ(r->rounds, 200);
   EXPECT_EQ(r->bad, 0);
