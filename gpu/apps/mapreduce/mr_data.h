@@ -7,6 +7,8 @@
 
 #include <gpusock/hd.h>
 
+#include "test-support/checksum.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -14,22 +16,15 @@ namespace mr {
 
 // ---------------------------------------------------------------- randomness
 
-GS_HD uint64_t mix64(uint64_t x) {  // splitmix64's finalizer
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
+using gpusock::test::mix64;  // splitmix64's finalizer
 
 struct Rng {
   uint64_t s;
   GS_HD uint64_t next() { return mix64(s++); }
 };
 
-GS_HD uint64_t fnv1a64(const char *p, unsigned n) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned i = 0; i < n; ++i) h = (h ^ static_cast<uint8_t>(p[i])) * 1099511628211ull;
-  return h;
+GS_HD uint64_t fnv1a64(const char *p, unsigned n) {  // what the map hashes words with
+  return gpusock::test::fnv1a(reinterpret_cast<const uint8_t *>(p), n);
 }
 
 // ---------------------------------------------------------------- word count
@@ -65,6 +60,9 @@ GS_HD uint32_t zipf_rank(const uint32_t *cdf, uint32_t vocabulary, uint32_t u) {
 // visit(rank, text, len, offset in the chunk):
 // words separated by one space, until the next would not fit; the rest of the
 // chunk is spaces.
+#if defined(__CUDACC__)
+#pragma nv_exec_check_disable  // the CPU reference's visitor is host code, only called on the host
+#endif
 template <class Visit>
 GS_HD void chunk_words(uint64_t seed, uint64_t chunk, const uint32_t *cdf, uint32_t vocabulary, Visit &&visit) {
   Rng rng{mix64(seed ^ mix64(chunk))};

@@ -39,9 +39,32 @@ struct Peers {
   sockaddr_in at[kMaxRanks];  // where worker d listens
 };
 
-// fds: 2 * ranks ints of GPU memory: [d] the connection to worker d, [ranks + s]
-// the one from worker s. status: one int per block (host-mapped, read once the
-// kernel ended), 0 or an error.
+// The part a block of a mesh or exchange kernel (2 * (ranks - 1) blocks)
+// plays: blocks [0, ranks - 1) send to the following workers in turn, the
+// next ranks - 1 blocks receive from them.
+struct BlockPeer {
+  bool sends;
+  int index;  // among the senders or among the receivers
+  int peer;   // (rank + 1 + index) % ranks
+};
+GS_HD BlockPeer block_peer(int rank, int ranks) {
+  const int b = static_cast<int>(gpusock::block_index());
+  const bool sends = b < ranks - 1;
+  const int index = sends ? b : b - (ranks - 1);
+  return BlockPeer{sends, index, (rank + 1 + index) % ranks};
+}
+
+// A block's part of kernel k (k.send_part or k.recv_part); its leader writes
+// the result into status[block] (host-mapped, read once the kernel ended).
+template <class K>
+GS_HD void run_peer_block(const K &k, int rank, int ranks, int32_t *status) {
+  const BlockPeer me = block_peer(rank, ranks);
+  const int rc = me.sends ? k.send_part(me) : k.recv_part(me);
+  if (gpusock::thread_rank() == 0) status[gpusock::block_index()] = rc;
+}
+
+// fds: 2 * ranks ints (host-mapped, -1 at first): [d] the connection to
+// worker d, [ranks + s] the one from worker s. status: one int per block.
 struct MeshKernel {
   DeviceContext ctx;
   int listener, rank, ranks;
@@ -49,31 +72,27 @@ struct MeshKernel {
   int *fds;
   int32_t *status;
   int32_t *hello;  // ranks ints of GPU memory: where a hello lands
-  GS_HD void operator()() const {
+  GS_HD void operator()() const { run_peer_block(*this, rank, ranks, status); }
+  GS_HD int send_part(const BlockPeer &me) const {  // connect, say who we are
     using namespace gpusock;
-    const int b = static_cast<int>(block_index());
-    int rc = 0;
-    if (b < ranks - 1) {
-      const int d = (rank + 1 + b) % ranks;
-      const int s = link::connect_retry(ctx, peers.at[d], 60);
-      rc = s < 0 ? s : 0;
-      if (s >= 0) {
-        const int32_t me = rank;
-        const ssize_t n = gsend(ctx, s, &me, sizeof me, 0, 30000);
-        if (n != sizeof me) rc = n < 0 ? static_cast<int>(n) : -EIO;
-        if (thread_rank() == 0) fds[d] = s;
-      }
-    } else {
-      const int s = gaccept(ctx, listener, 0, 60000);
-      rc = s < 0 ? s : 0;
-      int32_t *slot = hello + (b - (ranks - 1));
-      const ssize_t n = s < 0 ? 0 : grecv(ctx, s, slot, sizeof *slot, MSG_WAITALL, 30000);
-      if (s >= 0 && n != sizeof *slot) rc = n < 0 ? static_cast<int>(n) : -EPROTO;
-      const int from = rc == 0 ? *slot : -1;
-      if (rc == 0 && (from < 0 || from >= ranks || from == rank)) rc = -EPROTO;
-      if (rc == 0 && thread_rank() == 0) fds[ranks + from] = s;
-    }
-    if (thread_rank() == 0) status[b] = rc;
+    const int s = link::connect_retry(ctx, peers.at[me.peer], 60);
+    if (s < 0) return s;
+    if (thread_rank() == 0) fds[me.peer] = s;
+    const int32_t who = rank;
+    const ssize_t n = gsend(ctx, s, &who, sizeof who, 0, 30000);
+    return n == sizeof who ? 0 : n < 0 ? static_cast<int>(n) : -EIO;
+  }
+  GS_HD int recv_part(const BlockPeer &me) const {  // accept, learn who it is
+    using namespace gpusock;
+    const int s = gaccept(ctx, listener, 0, 60000);
+    if (s < 0) return s;
+    int32_t *slot = hello + me.index;
+    const ssize_t n = grecv(ctx, s, slot, sizeof *slot, MSG_WAITALL, 30000);
+    if (n != sizeof *slot) return n < 0 ? static_cast<int>(n) : -EPROTO;
+    const int from = *slot;
+    if (from < 0 || from >= ranks || from == rank) return -EPROTO;
+    if (thread_rank() == 0) fds[ranks + from] = s;
+    return 0;
   }
 };
 
@@ -101,27 +120,21 @@ struct ExchangeKernel {
   unsigned long long *recv_len;
   uint64_t region;
   int32_t *status;  // as MeshKernel's
-  GS_HD void operator()() const {
-    using namespace gpusock;
-    const int b = static_cast<int>(block_index());
-    int rc = 0;
-    if (b < ranks - 1) {
-      const int d = (rank + 1 + b) % ranks;
-      const int s = fds[d];
-      ssize_t n = gsend(ctx, s, send_len + d, 8, 0, 60000);
-      if (n == 8 && send_len[d] > 0) n = gsend(ctx, s, send + d * region, send_len[d], 0, 60000);
-      if (n < 0) rc = static_cast<int>(n);
-    } else {
-      const int from = (rank + 1 + (b - (ranks - 1))) % ranks;
-      const int s = fds[ranks + from];
-      ssize_t n = grecv(ctx, s, recv_len + from, 8, MSG_WAITALL, 60000);
-      const uint64_t len = n == 8 ? recv_len[from] : 0;
-      if (n != 8) rc = n < 0 ? static_cast<int>(n) : -EPROTO;
-      else if (len > region) rc = -EMSGSIZE;
-      else if (len > 0) n = grecv(ctx, s, recv + from * region, len, MSG_WAITALL, 60000);
-      if (rc == 0 && len > 0 && n != static_cast<ssize_t>(len)) rc = n < 0 ? static_cast<int>(n) : -EPROTO;
-    }
-    if (thread_rank() == 0) status[b] = rc;
+  GS_HD void operator()() const { run_peer_block(*this, rank, ranks, status); }
+  GS_HD int send_part(const BlockPeer &me) const {  // the length, then the region
+    const int d = me.peer, s = fds[d];
+    ssize_t n = gpusock::gsend(ctx, s, send_len + d, 8, 0, 60000);
+    if (n == 8 && send_len[d] > 0) n = gpusock::gsend(ctx, s, send + d * region, send_len[d], 0, 60000);
+    return n < 0 ? static_cast<int>(n) : 0;
+  }
+  GS_HD int recv_part(const BlockPeer &me) const {
+    const int from = me.peer, s = fds[ranks + from];
+    ssize_t n = gpusock::grecv(ctx, s, recv_len + from, 8, MSG_WAITALL, 60000);
+    if (n != 8) return n < 0 ? static_cast<int>(n) : -EPROTO;
+    const uint64_t len = recv_len[from];
+    if (len > region) return -EMSGSIZE;
+    if (len > 0) n = gpusock::grecv(ctx, s, recv + from * region, len, MSG_WAITALL, 60000);
+    return len == 0 || n == static_cast<ssize_t>(len) ? 0 : n < 0 ? static_cast<int>(n) : -EPROTO;
   }
 };
 

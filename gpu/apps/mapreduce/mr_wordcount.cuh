@@ -72,12 +72,12 @@ struct MapWordsKernel {
       const uint8_t *in = text + c * kChunkBytes;
       char word[kMaxWord];
       unsigned len = 0;
-      uint64_t h = 1469598103934665603ull;
+      uint64_t h = gpusock::test::kFnvOffset;  // FNV-1a as fnv1a64, a byte at a time
       for (unsigned i = 0; i <= kChunkBytes; ++i) {
         const uint8_t ch = i < kChunkBytes ? in[i] : ' ';
         if (ch != ' ') {
           if (len < kMaxWord) word[len] = static_cast<char>(ch);
-          h = (h ^ ch) * 1099511628211ull;
+          h = (h ^ ch) * gpusock::test::kFnvPrime;
           ++len;
           continue;
         }
@@ -85,7 +85,7 @@ struct MapWordsKernel {
         if (len > kMaxWord || !table_add(table, mask, word_key(h), word, len, 1))
           gpusock::prim::atomic_add(errors, 1ull);
         len = 0;
-        h = 1469598103934665603ull;
+        h = gpusock::test::kFnvOffset;
       }
     }
   }
