@@ -9,6 +9,7 @@
 //   mapreduce --job wordcount|kmeans [--gpus N]          N GPUs in this process
 //   mapreduce --job ... --rank R --ranks N [--gpu I]     one GPU per process
 // options: --port P [7600] (worker r listens on P + r) --addr A [127.0.0.1]
+//          --hosts A0,A1,... (worker r's address, one per worker: several hosts)
 //          --corpus-mib M --vocabulary V [50000] --zipf S [1.0]
 //          --points N --k K [16] --iterations I [10] --seed S [1]
 //          --blocks B --threads T --host-backend --no-check --label L --json FILE
@@ -40,6 +41,7 @@ using Clock = std::chrono::steady_clock;
 
 struct Options {
   std::string job = "wordcount", addr = "127.0.0.1", label, json;
+  std::vector<std::string> hosts;  // worker r's IPv4 address; empty: addr for all
   int gpus = 1, rank = -1, ranks = 1, gpu = -1, port = 7600;
   uint64_t corpus_mib = 0, points = 0, seed = 1;
   uint32_t vocabulary = 50000;
@@ -100,7 +102,11 @@ class Worker {
     if (ranks() == 1) return 0;
     for (int d = 0; d < ranks(); ++d) {
       peers_.at[d] = ipv4_address(127, 0, 0, 1, static_cast<uint16_t>(o_.port + d));
-      inet_pton(AF_INET, o_.addr.c_str(), &peers_.at[d].sin_addr);
+      const std::string &host = o_.hosts.empty() ? o_.addr : o_.hosts[d];
+      if (inet_pton(AF_INET, host.c_str(), &peers_.at[d].sin_addr) != 1) {
+        std::fprintf(stderr, "mapreduce: \"%s\" is not an IPv4 address\n", host.c_str());
+        return -EINVAL;
+      }
     }
     link::LinkResult *lh = nullptr;
     link::LinkResult *ld = alloc<link::LinkResult>(1, true, &lh);
@@ -325,6 +331,15 @@ void report(const Options &o, int rank, const char *backend, const Result &r) {
     }
 }
 
+std::vector<std::string> split(const std::string &text, char sep) {
+  std::vector<std::string> parts;
+  size_t at = 0;
+  for (size_t next; (next = text.find(sep, at)) != std::string::npos; at = next + 1)
+    parts.push_back(text.substr(at, next - at));
+  parts.push_back(text.substr(at));
+  return parts;
+}
+
 bool parse(int argc, char **argv, Options *o) {
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
@@ -338,6 +353,7 @@ bool parse(int argc, char **argv, Options *o) {
     else if (k == "--gpu") o->gpu = std::atoi(v);
     else if (k == "--port") o->port = std::atoi(v);
     else if (k == "--addr") o->addr = v;
+    else if (k == "--hosts") o->hosts = split(v, ',');
     else if (k == "--corpus-mib") o->corpus_mib = std::strtoull(v, nullptr, 0);
     else if (k == "--vocabulary") o->vocabulary = static_cast<uint32_t>(std::strtoul(v, nullptr, 0));
     else if (k == "--zipf") o->zipf = std::atof(v);
@@ -354,8 +370,9 @@ bool parse(int argc, char **argv, Options *o) {
     else return false;
   }
   if (o->rank < 0) o->ranks = o->gpus;
-  return (o->job == "wordcount" || o->job == "kmeans") && o->ranks >= 1 && o->ranks <= kMaxRanks &&
-         o->rank < o->ranks && o->k >= 1 && o->k <= kMaxK && o->vocabulary >= 1 && o->vocabulary <= 26u * 26 * 26 * 26;
+  return (o->job == "wordcount" || o->job == "kmeans") && (o->hosts.empty() || int(o->hosts.size()) == o->ranks) &&
+         o->ranks >= 1 && o->ranks <= kMaxRanks && o->rank < o->ranks && o->k >= 1 && o->k <= kMaxK &&
+         o->vocabulary >= 1 && o->vocabulary <= 26u * 26 * 26 * 26;
 }
 
 }  // namespace
@@ -365,12 +382,13 @@ int main(int argc, char **argv) {
   using namespace mr;
   Options o;
   if (!parse(argc, argv, &o)) {
-    std::fprintf(stderr,
-                 "usage: mapreduce --job wordcount|kmeans [--gpus N | --rank R --ranks N [--gpu I]] [--port P] "
-                 "[--addr A] [--corpus-mib M] [--vocabulary V] [--zipf S] [--points N] [--k K (<= %u)] "
-                 "[--iterations I] [--seed S] [--blocks B] [--threads T] [--host-backend] [--no-check] [--label L] "
-                 "[--json FILE]\n",
-                 kMaxK);
+    std::fprintf(
+        stderr,
+        "usage: mapreduce --job wordcount|kmeans [--gpus N | --rank R --ranks N [--gpu I]] [--port P] "
+        "[--addr A | --hosts A0,A1,...] [--corpus-mib M] [--vocabulary V] [--zipf S] [--points N] [--k K (<= %u)] "
+        "[--iterations I] [--seed S] [--blocks B] [--threads T] [--host-backend] [--no-check] [--label L] "
+        "[--json FILE]\n",
+        kMaxK);
     return 2;
   }
   GpuSetOptions options;
