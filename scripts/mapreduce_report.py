@@ -66,15 +66,18 @@ def points_of(runs):
 
 
 def link_table(rows):
-    by = {r["label"]: r for r in rows}
+    """Labels are SIDE-SCOPE-KIND (gpu-processes-stream, cpu-processes-x4-stream,
+    gpu-inprocess-rtt): per scope, GPU against CPU (the CPU processes' figure
+    where the CPU has none of that scope)."""
+    by = {}
+    for r in rows:
+        side, *scope, kind = r["label"].split("-")
+        by[(side, "-".join(scope), kind)] = r
     out = {}
-    for scope in ("processes", "inprocess"):
-        g = by.get(f"gpu-{scope}-stream")
-        c = by.get(f"cpu-{scope}-stream") or by.get("cpu-processes-stream")
-        gr = by.get(f"gpu-{scope}-rtt")
-        cr = by.get(f"cpu-{scope}-rtt") or by.get("cpu-processes-rtt")
-        if not (g or gr):
-            continue
+    for scope in sorted({k[1] for k in by if k[0] == "gpu"}, key=lambda s: (s != "processes", s)):
+        cpu_scope = scope if ("cpu", scope, "stream") in by else scope.replace("inprocess", "processes")
+        g, gr = by.get(("gpu", scope, "stream")), by.get(("gpu", scope, "rtt"))
+        c, cr = by.get(("cpu", cpu_scope, "stream")), by.get(("cpu", cpu_scope, "rtt"))
         out[scope] = {
             "gpu_MBps": g["MBps"] if g else None, "cpu_MBps": c["MBps"] if c else None,
             "stream_ratio": g["MBps"] / c["MBps"] if g and c and c["MBps"] else None,
@@ -177,9 +180,9 @@ def main():
                   f"(GPUnet on 4 GPUs: {GPUNET_EFFICIENCY.get(job, 0) * 4:.2f})")
     if links:
         print(f"\n== link, {a.transport}: GPU to GPU against CPU to CPU")
-        print(f"{'where':<10} {'GPU MB/s':>9} {'CPU MB/s':>9} {'ratio':>6} {'GPU rtt us':>10} {'CPU rtt us':>10}")
+        print(f"{'where':<14} {'GPU MB/s':>9} {'CPU MB/s':>9} {'ratio':>6} {'GPU rtt us':>10} {'CPU rtt us':>10}")
         for scope, row in links.items():
-            print(f"{scope:<10} {fmt(row['gpu_MBps'], '9.1f'):>9} {fmt(row['cpu_MBps'], '9.1f'):>9} "
+            print(f"{scope:<14} {fmt(row['gpu_MBps'], '9.1f'):>9} {fmt(row['cpu_MBps'], '9.1f'):>9} "
                   f"{fmt(row['stream_ratio'], '6.2f'):>6} {fmt(row['gpu_rtt_us'], '10.2f'):>10} "
                   f"{fmt(row['cpu_rtt_us'], '10.2f'):>10}{'' if row['ok'] else '  (a check failed)'}")
             if row["stream_ratio"] is not None:

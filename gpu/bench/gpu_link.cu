@@ -12,6 +12,8 @@
 // options: --bytes N [64 MiB] --window N [1 MiB] --seed N [7] --size N [64]
 //          --rounds N [1000] --addr A [127.0.0.1] --gpu I [0] (the CUDA device;
 //          pair-*: the first of two, shared when only one exists) --threads N
+//          --streams S [1] (streams: S connections at once, one block or CPU
+//          thread each, --bytes split among them; both ends must agree)
 //          --host-backend --cpu --label L --json FILE (appends one line)
 // The transport is GPUSOCK_TRANSPORT's. Prints one "gpu_link ..." line; exit 0
 // when nothing failed and every byte was right.
@@ -26,6 +28,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace gpusock::link {
@@ -40,6 +43,7 @@ struct Args {
   std::string addr = "127.0.0.1";
   int gpu = 0;
   unsigned threads = 0;
+  int streams = 1;  // stream roles: this many connections at once, bytes split among them
   bool host_backend = false, cpu = false;
   std::string label, json;
 };
@@ -55,14 +59,32 @@ sockaddr_in address(const Args &a) {
 
 // ---------------------------------------------------------------- the GPU side
 
-// Waits for a kernel's result (the host polls `done`), then for the grid.
-int wait_result(Grid &grid, GpuSet &gpus, const LinkResult *r, int seconds) {
+// Waits for n results of a kernel (the host polls `done`), then for the grid.
+int wait_results(Grid &grid, GpuSet &gpus, const LinkResult *r, int n, int seconds) {
   const test::Deadline deadline(seconds);
-  while (!__atomic_load_n(&r->done, __ATOMIC_ACQUIRE) && !deadline.passed()) usleep(1000);
-  if (!__atomic_load_n(&r->done, __ATOMIC_ACQUIRE)) gpus.request_kernel_stop();
+  auto all_done = [&] {
+    for (int i = 0; i < n; ++i)
+      if (!__atomic_load_n(&r[i].done, __ATOMIC_ACQUIRE)) return false;
+    return true;
+  };
+  while (!all_done() && !deadline.passed()) usleep(1000);
+  const bool done = all_done();
+  if (!done) gpus.request_kernel_stop();
   const int rc = grid.wait();
   if (rc < 0) std::fprintf(stderr, "gpu_link: kernel failed: %s\n", grid.last_error());
-  return r->done ? rc : -ETIMEDOUT;
+  return done ? rc : -ETIMEDOUT;
+}
+
+// Several streams as one: their bytes and bad pieces added, the longest time.
+LinkResult combine(const LinkResult *r, int n) {
+  LinkResult all = r[0];
+  for (int i = 1; i < n; ++i) {
+    all.bytes += r[i].bytes;
+    all.bad += r[i].bad;
+    all.ns = std::max(all.ns, r[i].ns);
+    if (all.error == 0) all.error = r[i].error;
+  }
+  return all;
 }
 
 struct GpuEnd {
@@ -71,9 +93,10 @@ struct GpuEnd {
   LinkResult *dev() const { return static_cast<LinkResult *>(result.device); }
 };
 
-int allocate(GpuSet &gpus, int i, uint64_t buf_bytes, GpuEnd *end) {
+// results: one per block, then the listen kernel's.
+int allocate(GpuSet &gpus, int i, uint64_t buf_bytes, int results, GpuEnd *end) {
   int rc = gpus.memory(i).allocate(MemoryKind::kDevice, buf_bytes, &end->buf);
-  if (rc == 0) rc = gpus.memory(i).allocate(MemoryKind::kHostMapped, 2 * sizeof(LinkResult), &end->result);
+  if (rc == 0) rc = gpus.memory(i).allocate(MemoryKind::kHostMapped, (results + 1) * sizeof(LinkResult), &end->result);
   return rc;
 }
 
@@ -84,10 +107,10 @@ int launch_end(GpuSet &gpus, int i, Grid &grid, LaunchShape shape, GpuEnd &end, 
                const Make &make) {
   int listener = -1;
   if (listen) {
-    LinkResult *r = end.host() + 1;
+    LinkResult *r = end.host() + shape.blocks;
     int rc = gpus.launch(i, grid, LaunchShape{1, shape.threads, shape.host_warp_size},
-                         ListenKernel{gpus.context(i), address(a), 4, end.dev() + 1});
-    if (rc == 0) rc = wait_result(grid, gpus, r, 20);
+                         ListenKernel{gpus.context(i), address(a), a.streams + 4, end.dev() + shape.blocks});
+    if (rc == 0) rc = wait_results(grid, gpus, r, 1, 20);
     if (rc == 0) rc = r->error;
     if (rc < 0) return rc;
     listener = r->fd;
@@ -108,12 +131,14 @@ int run_gpu(const Args &a, LinkResult *out) {
   if (int rc = GpuSet::start(options, &gpus); rc < 0) return rc;
   std::fprintf(stderr, "gpu_link: %s backend; %s\n", backend_name(gpus->backend()), gpus->proxy(0).placement().c_str());
   const bool gpu = gpus->backend() == Backend::kCuda;
-  LaunchShape shape{1, a.threads ? a.threads : (gpu ? 256u : 4u), 0};
   const bool stream = is_stream(a.role);
-  const uint64_t buf_bytes = stream ? a.window : 2ull * a.size;
+  const int blocks = stream ? a.streams : 1;
+  LaunchShape shape{unsigned(blocks), a.threads ? a.threads : (gpu ? 256u : 4u), 0};
+  const uint64_t buf_bytes = stream ? a.window * blocks : 2ull * a.size;
+  const uint64_t per_stream = a.bytes / blocks;
   std::vector<GpuEnd> ends(gpus->size());
   for (int i = 0; i < gpus->size(); ++i)
-    if (int rc = allocate(*gpus, i, buf_bytes, &ends[i]); rc < 0) return rc;
+    if (int rc = allocate(*gpus, i, buf_bytes, blocks, &ends[i]); rc < 0) return rc;
 
   Grid grids[2];
   const int ends_here = gpus->size();
@@ -129,7 +154,7 @@ int run_gpu(const Args &a, LinkResult *out) {
                       [&](int l) { return StreamRecvKernel{ctx, l, address(a), buf, a.window, a.seed, e.dev()}; });
     else if (stream)
       rc = launch_end(*gpus, i, grids[i], shape, e, false, a, [&](int l) {
-        return StreamSendKernel{ctx, l, address(a), a.bytes, buf, a.window, a.seed, e.dev()};
+        return StreamSendKernel{ctx, l, address(a), per_stream, buf, a.window, a.seed, e.dev()};
       });
     else
       rc = launch_end(*gpus, i, grids[i], shape, e, passive, a, [&](int l) {
@@ -139,12 +164,12 @@ int run_gpu(const Args &a, LinkResult *out) {
   }
   int status = 0;
   for (int i = 0; i < ends_here; ++i) {
-    const int rc = wait_result(grids[i], *gpus, ends[i].host(), 600);
+    const int rc = wait_results(grids[i], *gpus, ends[i].host(), blocks, 600);
     if (rc < 0 && status == 0) status = rc;
   }
   // The end that measured: the sender / pinger (the last one in a pair); a
   // sender's `bad` is what the receiver counted.
-  *out = *ends[ends_here - 1].host();
+  *out = combine(ends[ends_here - 1].host(), blocks);
   for (int i = 0; i < ends_here; ++i) gpus->proxy(i).kernel_exited(status);
   for (int i = 0; i < ends_here; ++i) {
     gpus->memory(i).release(&ends[i].buf);
@@ -155,21 +180,10 @@ int run_gpu(const Args &a, LinkResult *out) {
 
 // ---------------------------------------------------------------- the CPU side
 
-int run_cpu(const Args &a, LinkResult *out) {
-  using test::GsSockets;
-  int fd;
-  const bool listen = listens(a.role);
-  if (listen) {
-    const int l = test::listen_on(address(a), 4);
-    if (l < 0) return l;
-    fd = GsSockets::accept(l);
-    GsSockets::close(l);
-  } else {
-    test::RetryPolicy retry;
-    retry.seconds = 30;
-    fd = test::connect_retry(address(a), retry);
-  }
-  if (fd < 0) return fd;
+using test::GsSockets;
+
+// One connection's part: `bytes` of the stream (or the ping-pong) on fd.
+void run_cpu_link(const Args &a, int fd, bool listen, uint64_t bytes, LinkResult *out) {
   const bool stream = is_stream(a.role);
   std::vector<uint8_t> buf(stream ? a.window : 2ull * a.size);
   *out = LinkResult{};
@@ -178,8 +192,8 @@ int run_cpu(const Args &a, LinkResult *out) {
   if (stream && !listen) {
     for (uint64_t i = 0; i < a.window; ++i) buf[i] = pattern_byte(i, a.seed);
     uint64_t sent = 0;
-    while (err == 0 && sent < a.bytes) {
-      const uint64_t off = sent % a.window, n = std::min(a.bytes - sent, a.window - off);
+    while (err == 0 && sent < bytes) {
+      const uint64_t off = sent % a.window, n = std::min(bytes - sent, a.window - off);
       if (test::send_all(fd, buf.data() + off, n, &err)) sent += n;
     }
     int64_t reply[2] = {-1, -1};
@@ -224,7 +238,30 @@ int run_cpu(const Args &a, LinkResult *out) {
   if (stream) out->ns = static_cast<int64_t>(watch.seconds() * 1e9);
   GsSockets::close(fd);
   out->error = err;
-  return err;
+}
+
+// --streams connections, accepted or connected first, then one thread each.
+int run_cpu(const Args &a, LinkResult *out) {
+  const bool listen = listens(a.role);
+  const int n = is_stream(a.role) ? a.streams : 1;
+  std::vector<int> fds;
+  const int l = listen ? test::listen_on(address(a), n + 4) : -1;
+  if (listen && l < 0) return l;
+  test::RetryPolicy retry;
+  retry.seconds = 30;
+  for (int i = 0; i < n; ++i) {
+    const int fd = listen ? GsSockets::accept(l) : test::connect_retry(address(a), retry);
+    if (fd < 0) return fd;
+    fds.push_back(fd);
+  }
+  if (listen) GsSockets::close(l);
+  std::vector<LinkResult> results(n);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < n; ++i)
+    threads.emplace_back([&, i] { run_cpu_link(a, fds[i], listen, a.bytes / n, &results[i]); });
+  for (auto &t : threads) t.join();
+  *out = combine(results.data(), n);
+  return out->error;
 }
 
 // ---------------------------------------------------------------- main
@@ -236,12 +273,12 @@ void report(const Args &a, const LinkResult &r, int status) {
   const char *transport = std::getenv("GPUSOCK_TRANSPORT");
   char line[512];
   std::snprintf(line, sizeof line,
-                "\"label\": \"%s\", \"role\": \"%s\", \"side\": \"%s\", \"transport\": \"%s\", \"bytes\": %" PRId64
-                ", \"bad\": %" PRId64 ", \"rounds\": %" PRId64 ", \"size\": %u, \"ns\": %" PRId64
+                "\"label\": \"%s\", \"role\": \"%s\", \"side\": \"%s\", \"streams\": %d, \"transport\": \"%s\", "
+                "\"bytes\": %" PRId64 ", \"bad\": %" PRId64 ", \"rounds\": %" PRId64 ", \"size\": %u, \"ns\": %" PRId64
                 ", \"MBps\": %.1f, \"rtt_us\": %.3f, \"error\": \"%s\"",
                 a.label.c_str(), a.role.c_str(), a.cpu ? "cpu" : (a.host_backend ? "host" : "gpu"),
-                transport ? transport : "", r.bytes, r.bad, r.rounds, a.size, r.ns, mbps, rtt_us,
-                status < 0 ? gs_status_name(status) : "");
+                is_stream(a.role) ? a.streams : 1, transport ? transport : "", r.bytes, r.bad, r.rounds, a.size, r.ns,
+                mbps, rtt_us, status < 0 ? gs_status_name(status) : "");
   std::printf("gpu_link {%s}\n", line);
   if (!a.json.empty())
     if (FILE *f = std::fopen(a.json.c_str(), "a")) {
@@ -264,6 +301,7 @@ int main_(int argc, char **argv) {
     else if (k == "--addr") a.addr = next();
     else if (k == "--gpu") a.gpu = std::atoi(next());
     else if (k == "--threads") a.threads = static_cast<unsigned>(std::atoi(next()));
+    else if (k == "--streams") a.streams = std::atoi(next());
     else if (k == "--host-backend") a.host_backend = true;
     else if (k == "--cpu") a.cpu = true;
     else if (k == "--label") a.label = next();
@@ -272,7 +310,8 @@ int main_(int argc, char **argv) {
   }
   const bool known =
       pos.size() == 2 && (is_stream(pos[0]) || pos[0] == "ping" || pos[0] == "pong" || pos[0] == "pair-ping");
-  if (!known || a.window < 16 || a.size == 0 || (a.cpu && pos[0].rfind("pair-", 0) == 0)) {
+  if (!known || a.window < 16 || a.window % 8 || a.size == 0 || a.streams < 1 || a.streams > 64 ||
+      (a.cpu && pos[0].rfind("pair-", 0) == 0)) {
     std::fprintf(stderr, "usage: gpu_link [options] recv|send|pong|ping|pair-stream|pair-ping PORT (see the source)\n");
     return 2;
   }

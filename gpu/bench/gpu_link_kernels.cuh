@@ -7,7 +7,9 @@
 // The stream: the sender sends `bytes` of the pattern with period `window`
 // (byte i is pattern_byte(i % window, seed)), then half-closes; the receiver
 // checks every byte as it lands, and at EOF answers with two 8-byte words:
-// the bytes it got and how many receive pieces held a wrong byte.
+// the bytes it got and how many receive pieces held a wrong byte. A stream
+// kernel of B blocks runs B such streams, one connection per block: block b
+// uses window bytes at buf + b * window and reports in out[b].
 #pragma once
 
 #include <gpusock/gpu.cuh>
@@ -99,11 +101,12 @@ struct StreamSendKernel {
   int listener;
   sockaddr_in to;
   uint64_t bytes;
-  uint8_t *buf;  // window bytes of GPU memory (window >= 16, 8-byte aligned)
+  uint8_t *blocks_buf;  // window bytes of GPU memory per block (window >= 16, a multiple of 8)
   uint64_t window;
   uint64_t seed;
   LinkResult *out;
   GS_HD void operator()() const {
+    uint8_t *buf = blocks_buf + block_index() * window;
     fill_pattern(buf, window, seed);
     const int s = open_link(ctx, listener, to);
     LinkResult r{};
@@ -130,7 +133,7 @@ struct StreamSendKernel {
     r.ns = static_cast<int64_t>(now_ns() - t0);
     r.bytes = r.error == 0 ? reply[0] : -1;
     r.bad = r.error == 0 ? reply[1] : -1;
-    publish_result(out, r);
+    publish_result(out + block_index(), r);
   }
 };
 
@@ -138,11 +141,12 @@ struct StreamRecvKernel {
   channel::DeviceContext ctx;
   int listener;
   sockaddr_in to;
-  uint8_t *buf;  // window bytes of GPU memory
+  uint8_t *blocks_buf;  // window bytes of GPU memory per block
   uint64_t window;
   uint64_t seed;
   LinkResult *out;
   GS_HD void operator()() const {
+    uint8_t *buf = blocks_buf + block_index() * window;
     const int s = open_link(ctx, listener, to);
     LinkResult r{};
     r.error = s < 0 ? s : 0;
@@ -172,7 +176,7 @@ struct StreamRecvKernel {
     }
     r.bytes = static_cast<int64_t>(got);
     r.bad = bad;
-    publish_result(out, r);
+    publish_result(out + block_index(), r);
   }
 };
 
