@@ -65,7 +65,16 @@ class Worker {
   Worker(GpuSet &gpus, int index, int rank, const Options &o) : gpus_(gpus), index_(index), rank_(rank), o_(o) {
     const bool gpu = gpus.backend() == Backend::kCuda;
     threads_ = o.threads ? o.threads : (gpu ? 256 : 4);
-    blocks_ = o.blocks ? o.blocks : (gpu ? 528 : 2);  // 4 per H100 multiprocessor
+    blocks_ = o.blocks ? o.blocks : (gpu ? 4 * multiprocessors(gpus.device(index)) : 2);
+  }
+  static unsigned multiprocessors(int device) {
+    int n = 132;  // an H100's, if CUDA does not say
+#if defined(__CUDACC__)
+    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device);
+#else
+    (void)device;
+#endif
+    return static_cast<unsigned>(n);
   }
   ~Worker() {
     for (MemoryBlock &b : blocks_held_) gpus_.memory(index_).release(&b);
