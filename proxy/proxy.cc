@@ -4,6 +4,8 @@
 // GPU polls. This file: start, stop, the loop, a kernel's exit, the facade.
 #include "proxy/proxy_impl.h"
 
+#include <pthread.h>
+#include <sched.h>
 #include <time.h>
 
 #include <algorithm>
@@ -39,6 +41,29 @@ class HostMemoryResource final : public MemoryResource {
   }
 };
 
+// "0-3,8" -> a CPU set; false when the list is malformed or empty.
+bool parse_cpu_list(const std::string &list, cpu_set_t *set) {
+  CPU_ZERO(set);
+  const char *p = list.c_str();
+  while (*p) {
+    char *end = nullptr;
+    const long first = std::strtol(p, &end, 10);
+    long last = first;
+    if (end == p || first < 0) return false;
+    p = end;
+    if (*p == '-') {
+      last = std::strtol(p + 1, &end, 10);
+      if (end == p + 1 || last < first) return false;
+      p = end;
+    }
+    for (long c = first; c <= last && c < CPU_SETSIZE; ++c) CPU_SET(static_cast<int>(c), set);
+    if (*p == ',') ++p;
+    else if (*p && *p != '\n') return false;
+    else break;
+  }
+  return CPU_COUNT(set) > 0;
+}
+
 }  // namespace
 
 std::unique_ptr<MemoryResource> host_memory_resource() { return std::make_unique<HostMemoryResource>(); }
@@ -57,6 +82,11 @@ gs_status_t Proxy::Impl::start(const ProxyOptions &options_in, MemoryResource *m
   options_.sbuf_size = std::max<uint32_t>(options_.sbuf_size, 4096) & ~63u;
   const uint32_t entries = round_up_pow2(std::max<uint32_t>(options_.request_entries, 2));
   const uint32_t sets = options_.max_sockets + options_.spare_buffer_sets;
+  cpu_set_t cpus;
+  if (!options_.cpus.empty() && !parse_cpu_list(options_.cpus, &cpus)) {
+    std::fprintf(stderr, "gpusock proxy: bad CPU list \"%s\" (expected e.g. 0-15,32)\n", options_.cpus.c_str());
+    return -EINVAL;
+  }
 
   std::string error;
   int rc = wire::open_domain(options_.transport, &domain_, &error);
@@ -132,10 +162,16 @@ gs_status_t Proxy::Impl::start(const ProxyOptions &options_in, MemoryResource *m
                 device_rings ? "GPU memory" : "pinned host memory the GPU reads and writes (bounce buffers)",
                 why.c_str(), options_.max_sockets, sets, options_.rbuf_size, options_.sbuf_size, entries);
   placement_ = line;
-  if (!options_.quiet) std::fprintf(stderr, "%s\n", line);
 
   started_ = true;
   thread_ = std::thread([this] { loop(); });
+  // Near its GPU: the proxy thread polls memory the GPU writes across PCIe.
+  if (!options_.cpus.empty()) {
+    const int pin = pthread_setaffinity_np(thread_.native_handle(), sizeof cpus, &cpus);
+    placement_ += pin == 0 ? "; proxy thread on CPUs " + options_.cpus
+                           : "; proxy thread not pinned to CPUs " + options_.cpus + " (" + std::strerror(pin) + ")";
+  }
+  if (!options_.quiet) std::fprintf(stderr, "%s\n", placement_.c_str());
   return 0;
 }
 
@@ -145,8 +181,8 @@ std::string Proxy::Impl::probe_device_memory() {
   if (!memory_->has_device_memory()) return "host backend, no GPU memory";
   MemoryBlock block{};
   const bool have = memory_->allocate(MemoryKind::kDevice, 1u << 16, &block) == 0;
-  wire::DeviceMemorySupport answer =
-      domain_->device_memory_support(have ? block.device : nullptr, have ? block.size : 0, /*cuda_device=*/0);
+  wire::DeviceMemorySupport answer = domain_->device_memory_support(
+      have ? block.device : nullptr, have ? block.size : 0, std::max(memory_->device(), 0));
   if (have) memory_->release(&block);
   // Even where it can, Domain::register_memory takes host pointers only today.
   if (answer.registers) answer.why += "; wire::Domain::register_memory takes host pointers only";

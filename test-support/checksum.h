@@ -26,6 +26,15 @@ struct Fnv1a {
   GS_HD void add(uint8_t b) { h = (h ^ b) * kFnvPrime; }
 };
 
+// splitmix64's finalizer: a well-mixed 64-bit value from an index or a seed
+// (generated data sets: the face-verification images, the MapReduce inputs).
+GS_HD uint64_t mix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
 // Bytes 8w..8w+7 of the pattern with `seed`, byte 8w in the low bits.
 GS_HD uint64_t pattern_word(uint64_t w, uint64_t seed) {
   uint64_t x = w + (seed << 32) + 0x9E3779B97F4A7C15ull;

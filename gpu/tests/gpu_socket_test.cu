@@ -5,6 +5,7 @@
 // backend (ctest label gpu_host, run in CI); compiled by nvcc it runs them on
 // the GPU (label gpu_device; exits 77 = skipped where there is no GPU). The
 // transport comes from GPUSOCK_TRANSPORT, which ctest sets per run.
+#include "gpu/tests/agent_kernels.cuh"
 #include "gpu/tests/harness.h"
 #include "test-support/checksum.h"
 
@@ -28,35 +29,6 @@ constexpr Backend kBackend = Backend::kHost;
 constexpr unsigned kBlockThreads = 4;  // emulated threads are host threads: keep few
 constexpr unsigned kHostWarp = 2;      // so a block still holds 2 warps
 #endif
-
-// What one block or warp reports back. The leader writes it; the test may read
-// `bytes` while the kernel runs.
-struct AgentResult {
-  int64_t bytes;
-  int64_t value;
-  int32_t error;
-  int32_t done;
-  int32_t eagain;
-  int32_t count;
-  char reply[64];
-};
-
-GS_HD void publish_i64(int64_t *p, int64_t v) {
-#if defined(__CUDA_ARCH__)
-  *reinterpret_cast<volatile int64_t *>(p) = v;
-  __threadfence_system();
-#else
-  __atomic_store_n(p, v, __ATOMIC_RELEASE);
-#endif
-}
-GS_HD void publish_i32(int32_t *p, int32_t v) {
-#if defined(__CUDA_ARCH__)
-  *reinterpret_cast<volatile int32_t *>(p) = v;
-  __threadfence_system();
-#else
-  __atomic_store_n(p, v, __ATOMIC_RELEASE);
-#endif
-}
 
 GS_HD sockaddr_in loopback(int port) { return ipv4_address(127, 0, 0, 1, static_cast<uint16_t>(port)); }
 
@@ -540,28 +512,6 @@ struct OrphanKernel {
 #if defined(__CUDA_ARCH__)
     if (trap) __trap();
 #endif
-  }
-};
-
-// Claims sockets until none is left, then closes them: how many slots are free.
-struct ClaimAllKernel {
-  DeviceContext ctx;
-  int *fds;
-  int max;
-  AgentResult *out;
-  GS_HD void operator()() const {
-    int n = 0;
-    for (; n < max; ++n) {
-      const int s = gsocket(ctx, AF_INET, SOCK_STREAM);
-      if (s < 0) break;
-      if (thread_rank() == 0) fds[n] = s;
-    }
-    sync_block();
-    for (int i = 0; i < n; ++i) gclose(ctx, fds[i]);
-    if (thread_rank() == 0) {
-      out->value = n;
-      publish_i32(&out->done, 1);
-    }
   }
 };
 

@@ -30,6 +30,7 @@
 //   calls.cuh           the public calls, gsend and gsend_warp, ...
 //   kernel_helpers.cuh  thread_rank(), sync_block(), pause_ns, ipv4_address, ...
 //   launch.cuh          Backend, Grid, choose_backend, memory_resource_for
+//   devices.cuh         GpuSet: several GPUs in one process, one proxy each
 // The channel's layout is gpusock/channel.h, the proxy gpusock/proxy.h.
 #ifndef GPUSOCK_GPU_CUH
 #define GPUSOCK_GPU_CUH
@@ -47,5 +48,6 @@
 #include <gpusock/gpu/calls.cuh>
 #include <gpusock/gpu/kernel_helpers.cuh>
 #include <gpusock/gpu/launch.cuh>
+#include <gpusock/gpu/devices.cuh>
 
 #endif

@@ -40,6 +40,8 @@ class MemoryResource {
   virtual const char *name() const = 0;
   // True when kDevice memory is real GPU memory (not host memory).
   virtual bool has_device_memory() const = 0;
+  // The CUDA device ordinal of that memory; -1 for host memory.
+  virtual int device() const { return -1; }
   // Zero-filled. Returns 0 or a negated errno.
   virtual gs_status_t allocate(MemoryKind kind, size_t size, MemoryBlock *out) = 0;
   virtual void release(MemoryBlock *block) = 0;
@@ -62,6 +64,8 @@ struct ProxyOptions {
   int listener_poll_us = -1;        // poll listeners for new connections at most this often
                                     // (-1: GPUSOCK_PROXY_LISTENER_POLL_US, else 20; 0: every pass)
   int close_flush_ms = 5000;        // how long a closed connection may take to flush
+  std::string cpus;                 // pin the proxy thread to these CPUs ("0-15,32"; "" = not pinned):
+                                    // gpusock::GpuSet passes the CPUs next to the GPU
   bool quiet = false;               // do not print the memory placement line at start
   // Which small messages skip the rings (channel::ContextFlags; GPUSOCK_GPU_INLINE
   // gives the bits: 0 none, 1 received, 2 sent, 3 both). Sent only by default:

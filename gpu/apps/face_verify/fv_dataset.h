@@ -17,17 +17,14 @@
 #ifndef FV_DATASET_H
 #define FV_DATASET_H
 
+#include "test-support/checksum.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
 namespace fv {
 
-inline uint64_t mix64(uint64_t x) {  // splitmix64's finalizer
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
+using gpusock::test::mix64;  // splitmix64's finalizer
 inline uint64_t hash3(uint64_t a, uint64_t b, uint64_t c) { return mix64(mix64(mix64(a) ^ b) ^ c); }
 
 // Draws from one identity's stream.

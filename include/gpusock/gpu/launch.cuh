@@ -1,6 +1,9 @@
 // gpusock device API: running kernels, the same functor on the GPU or on host
 // threads (Backend, LaunchShape, choose_backend, Grid), and the memory a
-// proxy serving either needs (CudaMemoryResource, memory_resource_for).
+// proxy serving either needs (CudaMemoryResource, memory_resource_for). A
+// launch and a memory resource name their GPU by CUDA's device ordinal (as
+// cudaSetDevice takes it, after CUDA_VISIBLE_DEVICES); gpu/devices.cuh starts
+// one proxy per GPU.
 #ifndef GPUSOCK_GPU_LAUNCH_CUH
 #define GPUSOCK_GPU_LAUNCH_CUH
 
@@ -29,7 +32,36 @@ struct LaunchShape {
   unsigned blocks = 1;
   unsigned threads = 32;
   unsigned host_warp_size = 0;  // host backend: 0 = min(32, threads); CUDA warps are 32
+  int device = -1;              // CUDA: the device ordinal to run on (-1: the thread's current one)
 };
+
+#if defined(__CUDACC__)
+// Makes `device` current for a scope and restores the caller's device after,
+// so choosing a GPU for one launch or allocation leaves the thread as it was.
+class ScopedDevice {
+ public:
+  explicit ScopedDevice(int device) {
+    if (device < 0 || cudaGetDevice(&saved_) != cudaSuccess) return;
+    if (saved_ == device) {
+      ok_ = true;
+      return;
+    }
+    ok_ = cudaSetDevice(device) == cudaSuccess;
+    restore_ = ok_;
+  }
+  ~ScopedDevice() {
+    if (restore_) cudaSetDevice(saved_);
+  }
+  ScopedDevice(const ScopedDevice &) = delete;
+  ScopedDevice &operator=(const ScopedDevice &) = delete;
+  // False when the device could not be made current (a bad ordinal).
+  bool ok() const { return ok_; }
+
+ private:
+  int saved_ = 0;
+  bool ok_ = false, restore_ = false;
+};
+#endif
 
 // True when this binary has CUDA code and a GPU is present.
 inline bool cuda_available() {
@@ -69,6 +101,8 @@ class Grid {
     }
 #if defined(__CUDACC__)
     if (shape.threads % 32 != 0) return -EINVAL;  // warp calls need whole warps
+    const ScopedDevice on(shape.device);
+    if (shape.device >= 0 && !on.ok()) return -ENODEV;
     if (cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking) != cudaSuccess) return -ENODEV;
     gpusock_kernel_entry<F><<<shape.blocks, shape.threads, 0, stream_>>>(kernel);
     if (cudaGetLastError() != cudaSuccess) return -EINVAL;
@@ -121,8 +155,10 @@ class CudaMemoryResource final : public MemoryResource {
   explicit CudaMemoryResource(int device) : device_(device) { snprintf(name_, sizeof name_, "cuda:%d", device); }
   const char *name() const override { return name_; }
   bool has_device_memory() const override { return true; }
+  int device() const override { return device_; }
   gs_status_t allocate(MemoryKind kind, size_t size, MemoryBlock *out) override {
-    if (cudaSetDevice(device_) != cudaSuccess) return -ENODEV;
+    const ScopedDevice on(device_);
+    if (!on.ok()) return -ENODEV;
     *out = MemoryBlock{};
     out->size = size;
     out->kind = kind;
@@ -149,6 +185,7 @@ class CudaMemoryResource final : public MemoryResource {
     return 0;
   }
   void release(MemoryBlock *block) override {
+    const ScopedDevice on(device_);
     if (block->kind == MemoryKind::kHostMapped && block->host) cudaFreeHost(block->host);
     if (block->kind == MemoryKind::kDevice && block->device) cudaFree(block->device);
     *block = MemoryBlock{};
@@ -164,12 +201,13 @@ inline std::unique_ptr<MemoryResource> cuda_memory_resource(int device = 0) {
 }
 #endif
 
-// The memory a backend needs: CUDA memory for the GPU, plain memory for host threads.
-inline std::unique_ptr<MemoryResource> memory_resource_for(Backend backend) {
+// The memory a backend needs: CUDA memory of GPU `device` for the GPU, plain
+// memory for host threads.
+inline std::unique_ptr<MemoryResource> memory_resource_for(Backend backend, int device = 0) {
 #if defined(__CUDACC__)
-  if (backend == Backend::kCuda) return cuda_memory_resource(0);
+  if (backend == Backend::kCuda) return cuda_memory_resource(device);
 #else
-  (void)backend;
+  (void)backend, (void)device;
 #endif
   return host_memory_resource();
 }

@@ -178,7 +178,7 @@ GS_HD void store_release(uint64_t *p, uint64_t v) { __atomic_store_n(p, v, __ATO
 // them), and the clock
 //
 // atomic_add: for unsigned long long and uint32_t; returns the old value.
-// atomic_cas: returns the value found (== expected on success).
+// atomic_cas: for uint32_t and unsigned long long; returns the value found (== expected on success).
 #if defined(__CUDA_ARCH__)
 template <class T>
 GS_HD T atomic_add(T *p, T v) {
@@ -186,6 +186,9 @@ GS_HD T atomic_add(T *p, T v) {
 }
 GS_HD void atomic_max(unsigned long long *p, unsigned long long v) { atomicMax(p, v); }
 GS_HD uint32_t atomic_cas(uint32_t *p, uint32_t expected, uint32_t desired) { return atomicCAS(p, expected, desired); }
+GS_HD unsigned long long atomic_cas(unsigned long long *p, unsigned long long expected, unsigned long long desired) {
+  return atomicCAS(p, expected, desired);
+}
 GS_HD uint64_t now_ns() {
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -200,7 +203,8 @@ GS_HD void atomic_max(unsigned long long *p, unsigned long long v) {
   unsigned long long cur = __atomic_load_n(p, __ATOMIC_RELAXED);
   while (cur < v && !__atomic_compare_exchange_n(p, &cur, v, true, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {}
 }
-GS_HD uint32_t atomic_cas(uint32_t *p, uint32_t expected, uint32_t desired) {
+template <class T>
+GS_HD T atomic_cas(T *p, T expected, T desired) {  // uint32_t, unsigned long long
   __atomic_compare_exchange_n(p, &expected, desired, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
   return expected;
 }
