@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <new>
 #include <string>
 
 namespace gpusock::socket {
@@ -336,7 +337,10 @@ void Engine::fork_child() {
   e.background_sleeping_ = false;
   forget_thread_waker_after_fork();
   e.stopping_ = false;
-  e.table_mu_.unlock();
+  // A fresh lock, not an unlock: glibc's rwlock knows its writer by thread id,
+  // which is the child's own now, so unlock() would take the parent's write
+  // lock for a read lock and leave it held (the next add() would hang).
+  new (&e.table_mu_) std::shared_mutex();
   e.closing_mu_.unlock();
   e.thread_mu_.unlock();
   e.domain_mu_.unlock();
