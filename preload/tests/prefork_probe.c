@@ -4,6 +4,7 @@
  * kernel TCP alike.
  *
  *   server MODE PORT CONNS [WORKERS]  listen on 127.0.0.1:PORT, then
+ *       single         accept CONNS connections (no fork: the reference)
  *       master         fork a child that never touches the listener; the
  *                      master accepts CONNS connections itself
  *       worker         fork one worker that accepts CONNS; the master waits
@@ -235,7 +236,9 @@ static int run_server(const char *mode, int port, int conns, int workers) {
   int lfd = listen_on("127.0.0.1", port, pool ? SOCK_NONBLOCK : 0, -1);
   CHECK(lfd >= 0, "server (%s) listening on %d", mode, port);
   if (lfd < 0) return failures;
-  if (!strcmp(mode, "master")) {
+  if (!strcmp(mode, "single")) { /* no fork: the reference */
+    CHECK(accept_serially(lfd, conns, "single") == conns, "served all %d connections", conns);
+  } else if (!strcmp(mode, "master")) {
     pid_t child = fork();
     if (child == 0) { /* a child with other work: never touches the listener */
       usleep(200000);
@@ -245,7 +248,8 @@ static int run_server(const char *mode, int port, int conns, int workers) {
     reap(&child, 1);
   } else if (!strcmp(mode, "worker")) {
     pid_t child = fork();
-    if (child == 0) _exit(accept_serially(lfd, conns, "worker") == conns ? failures : failures + 1);
+    /* exit(), not _exit(): what is still in gpusock's send rings goes out at exit */
+    if (child == 0) exit(accept_serially(lfd, conns, "worker") == conns ? failures : failures + 1);
     close(lfd); /* the master keeps nothing open */
     reap(&child, 1);
   } else if (pool) {
@@ -258,7 +262,7 @@ static int run_server(const char *mode, int port, int conns, int workers) {
       pids[i] = fork();
       if (pids[i] == 0) {
         close(report[0]);
-        _exit(worker(lfd, mode, report[1]));
+        exit(worker(lfd, mode, report[1]));
       }
     }
     close(report[1]);
@@ -296,7 +300,10 @@ struct client_job {
 /* One connection: returns the serving pid, or -1. */
 static int one_exchange(const char *ip, int port, int bytes) {
   int fd = connect_to(ip, port);
-  if (fd < 0) return -1;
+  if (fd < 0) {
+    printf("client: connect to %s port %d: %s\n", ip, port, strerror(errno));
+    return -1;
+  }
   char line[32] = {0};
   size_t got = 0;
   while (got < sizeof line - 1 && (got == 0 || line[got - 1] != '\n'))
@@ -315,6 +322,7 @@ static int one_exchange(const char *ip, int port, int bytes) {
     n += (size_t)r;
   }
   ok = ok && n == (size_t)bytes && memcmp(in, out, (size_t)bytes) == 0 && read(fd, line, 1) == 0;
+  if (!ok) printf("client: connection served by %d: %zu of %d bytes back (%s)\n", pid, n, bytes, strerror(errno));
   free(out);
   free(in);
   close(fd);
