@@ -94,8 +94,12 @@ std::string addr_text(const sockaddr *addr, socklen_t len) {
 }
 
 const char *transport_name() {
-  const char *t = getenv("GPUSOCK_TRANSPORT");
-  return t && *t ? t : "default transport";
+  // Read once: some servers clear their workers' environment (nginx).
+  static const std::string name = [] {
+    const char *t = getenv("GPUSOCK_TRANSPORT");
+    return std::string(t && *t ? t : "default transport");
+  }();
+  return name.c_str();
 }
 
 // ------------------------------------------------------------------ the decision

@@ -120,7 +120,7 @@ wire::Domain *Engine::domain(int *status) {
   {
     std::lock_guard lock(domain_mu_);
     if (!domain_opened_) {
-      domain_status_ = wire::open_domain("", &domain_, &domain_error_);
+      domain_status_ = wire::open_domain(inherited_transport_, &domain_, &domain_error_);
       if (domain_status_ == 0) log(1, "transport %s", domain_->caps().name);
       domain_opened_ = true;
     }
@@ -324,6 +324,7 @@ void Engine::fork_child() {
   e.table_.clear();
   for (auto &socket : e.closing_) abandoned->push_back(std::move(socket));
   e.closing_.clear();
+  if (e.domain_) e.inherited_transport_ = e.domain_->caps().name;
   (void)e.domain_.release();  // leaked with the sockets that point into it
   e.domain_opened_ = false;
   e.domain_status_ = 0;
