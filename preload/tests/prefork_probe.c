@@ -3,7 +3,7 @@
  * calls, no gpusock headers) that the preload tests run under the shim and on
  * kernel TCP alike.
  *
- *   server MODE PORT CONNS [WORKERS]  listen on 127.0.0.1:PORT, then
+ *   server MODE PORT CONNS [WORKERS]  listen on 127.0.0.1:PORT ($PREFORK_ADDR), then
  *       single         accept CONNS connections (no fork: the reference)
  *       master         fork a child that never touches the listener; the
  *                      master accepts CONNS connections itself
@@ -43,6 +43,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "probe_io.h"
+
 static int failures;
 
 #define CHECK(cond, ...)                                                    \
@@ -71,6 +73,12 @@ static int is_gpusock(int fd) {
 static void expect_gpusock(int fd, const char *what) {
   const char *want = getenv("EXPECT_GPUSOCK");
   if (want && atoi(want)) CHECK(is_gpusock(fd), "%s fd %d is a gpusock socket", what, fd);
+}
+
+/* The server's address: $PREFORK_ADDR (an RDMA NIC's), else 127.0.0.1. */
+static const char *server_addr(void) {
+  const char *a = getenv("PREFORK_ADDR");
+  return a && *a ? a : "127.0.0.1";
 }
 
 static socklen_t make_addr(struct sockaddr_storage *ss, const char *ip, int port) {
@@ -121,18 +129,6 @@ static int connect_to(const char *ip, int port) {
     usleep(100000); /* the server may still be starting */
   }
   return -1;
-}
-
-static int write_all(int fd, const void *buf, size_t n) {
-  const char *p = buf;
-  while (n) {
-    ssize_t w = write(fd, p, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return -1;
-    p += w;
-    n -= (size_t)w;
-  }
-  return 0;
 }
 
 /* One connection on the server side: say who serves it, then echo to EOF. */
@@ -233,7 +229,7 @@ static void reap(pid_t *pids, int n) {
 static int run_server(const char *mode, int port, int conns, int workers) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   int pool = !strcmp(mode, "epoll") || !strcmp(mode, "poll") || !strcmp(mode, "select");
-  int lfd = listen_on("127.0.0.1", port, pool ? SOCK_NONBLOCK : 0, -1);
+  int lfd = listen_on(server_addr(), port, pool ? SOCK_NONBLOCK : 0, -1);
   CHECK(lfd >= 0, "server (%s) listening on %d", mode, port);
   if (lfd < 0) return failures;
   if (!strcmp(mode, "single")) { /* no fork: the reference */
@@ -332,7 +328,7 @@ static int one_exchange(const char *ip, int port, int bytes) {
 static void *client_thread(void *arg) {
   struct client_job *j = arg;
   for (int i = 0; i < j->conns; ++i) {
-    j->served_by[i] = one_exchange("127.0.0.1", j->port, j->bytes);
+    j->served_by[i] = one_exchange(server_addr(), j->port, j->bytes);
     if (j->served_by[i] < 0) ++j->failures;
   }
   return NULL;
