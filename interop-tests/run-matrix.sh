@@ -571,7 +571,7 @@ prefork_case() {
 	start_bg "$LOGS/$id.srv" 120 "PREFORK_ADDR=$A EXPECT_GPUSOCK=1 $GS_SHIM $PREFORK server epoll $PORT 24 3"; spid=$BG_PID
 	wait_line "$LOGS/$id.srv" 'listening on .* in this process' 30 "$spid" || nap 2
 	tcp_snapshot "$id" "$PORT" listening
-	timeout -k 3 90 bash -c "PREFORK_ADDR=$A $PRELOAD $PREFORK client $PORT 24 65536" >"$LOGS/$id.cli" 2>&1
+	timeout -k 3 90 bash -c "PREFORK_ADDR=$A PREFORK_CLIENT_THREADS=1 $PRELOAD $PREFORK client $PORT 24 16384" >"$LOGS/$id.cli" 2>&1
 	rc=$?
 	wait_pid "$spid" 30
 	((rc == 0)) || { V=FAIL; N+="clients exit $rc: $(grep -m2 -E 'FAIL|client:' "$LOGS/$id.cli" | oneline 160); "; }

@@ -17,7 +17,8 @@
  *     Every connection: the server sends "pid N\n", then echoes to EOF.
  *     Exit status: the number of failed checks (workers report theirs).
  *   client PORT CONNS BYTES   CONNS connections one after another (4 at a
- *                             time): send BYTES, read them back, compare;
+ *                             time, $PREFORK_CLIENT_THREADS): send BYTES, read
+ *                             them back, compare;
  *                             print the pids that served them
  *   dualstack PORT V6ONLY     IPv4 and IPv6 wildcard listeners on one port as
  *                             the kernel has them, and clients over 127.0.0.1,
@@ -335,17 +336,22 @@ static void *client_thread(void *arg) {
 }
 
 static int run_clients(int port, int conns, int bytes) {
-  enum { kThreads = 4 };
-  struct client_job jobs[kThreads];
-  pthread_t t[kThreads];
+  enum { kMaxThreads = 4 };
+  /* $PREFORK_CLIENT_THREADS: 1 for clients under rdma-core 44's librspreload,
+   * which is not reliable with threads. */
+  const char *env = getenv("PREFORK_CLIENT_THREADS");
+  int kThreads = env && atoi(env) > 0 && atoi(env) < kMaxThreads ? atoi(env) : kMaxThreads;
+  struct client_job jobs[kMaxThreads];
+  pthread_t t[kMaxThreads];
   for (int i = 0; i < kThreads; ++i) {
     jobs[i] = (struct client_job){port, conns / kThreads + (i < conns % kThreads), bytes, 0, {0}};
     if (jobs[i].conns > 64) jobs[i].conns = 64;
-    pthread_create(&t[i], NULL, client_thread, &jobs[i]);
+    if (kThreads > 1) pthread_create(&t[i], NULL, client_thread, &jobs[i]);
+    else client_thread(&jobs[0]); /* no thread at all */
   }
-  int pids[64 * kThreads], npids = 0, done = 0, bad = 0;
+  int pids[64 * kMaxThreads], npids = 0, done = 0, bad = 0;
   for (int i = 0; i < kThreads; ++i) {
-    pthread_join(t[i], NULL);
+    if (kThreads > 1) pthread_join(t[i], NULL);
     bad += jobs[i].failures;
     for (int k = 0; k < jobs[i].conns; ++k, ++done) {
       int p = jobs[i].served_by[k], seen = 0;
@@ -420,6 +426,7 @@ int main(int argc, char **argv) {
   signal(SIGPIPE, SIG_IGN);
   if (argc >= 5 && !strcmp(argv[1], "server"))
     return run_server(argv[2], atoi(argv[3]), atoi(argv[4]), argc > 5 ? atoi(argv[5]) : 2);
+  setvbuf(stdout, NULL, _IOLBF, 0);
   if (argc >= 5 && !strcmp(argv[1], "client")) return run_clients(atoi(argv[2]), atoi(argv[3]), atoi(argv[4]));
   if (argc >= 4 && !strcmp(argv[1], "dualstack")) return run_dualstack(atoi(argv[2]), atoi(argv[3]));
   fprintf(stderr, "usage: see the top of prefork_probe.c\n");
