@@ -14,7 +14,8 @@
  *                      served in all; the master only waits
  *       daemon         daemonize (fork, setsid, fork; the parents exit), the
  *                      daemon accepts CONNS; its pid goes to $PIDFILE
- *     Every connection: the server sends "pid N\n", then echoes to EOF.
+ *     Every connection: once the client has sent its first bytes the server
+ *     sends "pid N\n", then echoes to EOF.
  *     Exit status: the number of failed checks (workers report theirs).
  *   client PORT CONNS BYTES   CONNS connections one after another (4 at a
  *                             time, $PREFORK_CLIENT_THREADS): send BYTES, read
@@ -132,15 +133,16 @@ static int connect_to(const char *ip, int port) {
   return -1;
 }
 
-/* One connection on the server side: say who serves it, then echo to EOF. */
+/* One connection on the server side: once the client has spoken, say who
+ * serves it, then echo to EOF. */
 static int serve(int c) {
   char hello[32], buf[65536];
   int n = snprintf(hello, sizeof hello, "pid %d\n", (int)getpid());
-  if (write_all(c, hello, (size_t)n) < 0) return -1;
-  for (;;) {
+  for (int said = 0;;) {
     ssize_t r = read(c, buf, sizeof buf);
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0) return (int)r;
+    if (!said++ && write_all(c, hello, (size_t)n) < 0) return -1;
     if (write_all(c, buf, (size_t)r) < 0) return -1;
   }
 }
@@ -301,6 +303,10 @@ static int one_exchange(const char *ip, int port, int bytes) {
     printf("client: connect to %s port %d: %s\n", ip, port, strerror(errno));
     return -1;
   }
+  unsigned char *out = malloc((size_t)bytes), *in = malloc((size_t)bytes);
+  for (int i = 0; i < bytes; ++i) out[i] = (unsigned char)(i * 131 + fd);
+  int ok = write_all(fd, out, (size_t)bytes) == 0;
+  shutdown(fd, SHUT_WR);
   char line[32] = {0};
   size_t got = 0;
   while (got < sizeof line - 1 && (got == 0 || line[got - 1] != '\n'))
@@ -308,10 +314,6 @@ static int one_exchange(const char *ip, int port, int bytes) {
     else ++got;
   int pid = -1;
   if (sscanf(line, "pid %d", &pid) != 1) pid = -1;
-  unsigned char *out = malloc((size_t)bytes), *in = malloc((size_t)bytes);
-  for (int i = 0; i < bytes; ++i) out[i] = (unsigned char)(i * 131 + pid);
-  int ok = write_all(fd, out, (size_t)bytes) == 0;
-  shutdown(fd, SHUT_WR);
   size_t n = 0;
   while (ok && n < (size_t)bytes) {
     ssize_t r = read(fd, in + n, (size_t)bytes - n);
