@@ -28,7 +28,7 @@ struct Inherited {
   std::vector<std::pair<int, bool>> fds;  // number, close-on-exec
   bool listening = false;
   bool nonblocking = false;
-  bool set_aside = false;  // a listener the parent sets aside after the fork (listeners.h)
+  bool set_aside = false;  // a listener the parent sets aside before the fork (listeners.h)
   int c = -1;              // the child's kernel socket (a listener's placeholder), dup3()ed onto fds in the child
   int r = -1;              // a relay's end in the parent (relay.h)
   int g = -1;              // a relay's own gpusock fd of the socket (kInternal)
@@ -117,7 +117,6 @@ void parent_after_fork(const Sockets &socks, pid_t pid) {
   const Real &R = real();
   for (auto &[key, gr] : socks) {
     if (gr.c >= 0) R.close(gr.c);
-    if (pid > 0 && gr.set_aside) set_listener_aside(gr.fds, gr.info->spec, gr.nonblocking);
     if (gr.r < 0) continue;
     if (pid < 0) {
       R.close(gr.r);
@@ -139,6 +138,12 @@ void parent_after_fork(const Sockets &socks, pid_t pid) {
 pid_t fork_with_relays() {
   Sockets socks = inherited_sockets();
   make_child_ends(socks);
+  // A listener the parent sets aside stops listening before the fork, not
+  // after it: a client that connected in between would reach a listener about
+  // to close (its connection reset, or its handshake never answered where the
+  // processes cannot share a port) instead of being refused or queued.
+  for (auto &[key, gr] : socks)
+    if (gr.set_aside) set_listener_aside(gr.fds, gr.info->spec, gr.nonblocking);
   // Hold the shim's tables across the fork so the child's copies are whole.
   std::unique_lock relay_lock(relay_mutex());
   std::unique_lock fd_lock(fd_table_mutex());

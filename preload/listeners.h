@@ -67,8 +67,8 @@ constexpr long kRetryMs = 200;
 
 // Before fork, in the parent, for a gpusock listener with these fds: makes
 // sure the anchor exists (fabric:tcp), and says whether the parent sets the
-// listener aside after the fork (unused since its last mark, no waiter, not
-// in an epoll set, no connection waiting in its queue). Marks it used-never.
+// listener aside (unused since its last mark, no waiter, not in an epoll set,
+// no connection waiting in its queue). Marks it used-never.
 bool prepare_listener_fork(const std::vector<int> &fds, const std::shared_ptr<SockInfo> &info);
 // In the child: each fd of the listener becomes dormant on the placeholder
 // `placeholder` (dup3()ed onto it).
@@ -76,7 +76,8 @@ void child_listener_dormant(const std::vector<std::pair<int, bool>> &fds, int pl
                             std::shared_ptr<ListenSpec> spec);
 // In the child: the specs' locks may have been held by other threads at fork.
 void dormant_after_fork_child();
-// In the parent: sets the listener aside (fds become dormant placeholders).
+// In the parent, just before the fork: sets the listener aside (fds become
+// dormant placeholders), so that no connection reaches it while it closes.
 void set_listener_aside(const std::vector<std::pair<int, bool>> &fds, std::shared_ptr<ListenSpec> spec,
                         bool nonblocking);
 
