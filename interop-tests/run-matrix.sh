@@ -9,7 +9,7 @@
 # Logs of each case: $OUT/logs/<id>.{srv,cli,...}.
 #
 #   run-matrix.sh --bin BUILD_DIR --out OUT_DIR [--only SECTION[,SECTION]]
-# Sections: control rstream riostream rsocket memcached shim gpu apps hostile errors proof
+# Sections: control rstream riostream rsocket memcached shim prefork gpu apps hostile errors proof
 set -u
 export LC_ALL=C
 if [[ ${MATRIX_TRACE:-0} == 1 ]]; then # timing of every step, to stderr
@@ -552,6 +552,40 @@ if want shim; then
 	shim_case baseline "$PRELOAD" "$PRELOAD"   # rdma-core's shim on both sides (first: see slap_case)
 	shim_case gs-server "$GS_SHIM" "$PRELOAD"  # memcached on gpusock's shim, tools on librspreload
 	shim_case gs-client "$PRELOAD" "$GS_SHIM"  # memcached on librspreload, tools on gpusock's shim
+fi
+
+# ------------------------------------------------------------- prefork
+# A pre-fork server under gpusock's shim over verbs (prefork_probe: a master
+# that never accepts, three workers waiting on the inherited listener with
+# epoll), its clients under rdma-core 44's librspreload. rdma_cm cannot share
+# a listening port between processes: one worker holds it and serves every
+# connection, the others say so once and wait (docs/preload.md). Checked:
+# every connection byte-exact, served by a worker (no byte relayed through
+# the master), over rxe0, no kernel TCP socket.
+PREFORK=$BIN/preload/tests/prefork_probe
+prefork_case() {
+	local id=prefork t0 p0 spid rc V=PASS N= pk held workers
+	next_port
+	p0=$(($(cnt sent_pkts) + $(cnt rcvd_pkts)))
+	t0=$(now)
+	start_bg "$LOGS/$id.srv" 120 "PREFORK_ADDR=$A EXPECT_GPUSOCK=1 $GS_SHIM $PREFORK server epoll $PORT 24 3"; spid=$BG_PID
+	wait_line "$LOGS/$id.srv" 'listening on .* in this process' 30 "$spid" || nap 2
+	tcp_snapshot "$id" "$PORT" listening
+	timeout -k 3 90 bash -c "PREFORK_ADDR=$A PREFORK_CLIENT_THREADS=1 $PRELOAD $PREFORK client $PORT 24 16384" >"$LOGS/$id.cli" 2>&1
+	rc=$?
+	wait_pid "$spid" 30
+	((rc == 0)) || { V=FAIL; N+="clients exit $rc: $(grep -m2 -E 'FAIL|client:' "$LOGS/$id.cli" | oneline 160); "; }
+	grep -q '^FAIL' "$LOGS/$id.srv" && { V=FAIL; N+="server: $(grep -m2 '^FAIL' "$LOGS/$id.srv" | oneline 160); "; }
+	grep -q 'the workers served all 24' "$LOGS/$id.srv" || { V=FAIL; N+="the master did not count 24 served; "; }
+	tcp_clean "$id" || { V=FAIL; N+="kernel TCP socket on the port; "; }
+	pk=$(($(cnt sent_pkts) + $(cnt rcvd_pkts) - p0))
+	held=$(grep -c 'is held by another process' "$LOGS/$id.srv")
+	workers=$(grep -m1 -o 'served by [0-9]* process(es)' "$LOGS/$id.cli")
+	record prefork "pre-fork server ↔ librspreload clients" gs-server "3 workers (epoll), 24 connections byte-exact" $V \
+		"$(since "$t0")" "${N}${workers:-?}; workers that waited for the port (said once each): $held; rxe0 packets $pk" "$pk"
+}
+if want prefork; then
+	if [[ -x $PREFORK ]]; then prefork_case; else record prefork "pre-fork server" gs-server "prefork_probe" FAIL 0 "missing $PREFORK" ""; fi
 fi
 
 # ------------------------------------------------------------- GPU echo server

@@ -56,6 +56,7 @@ void epoll_forget_fd(int fd) {
     for (size_t i = 0; i < v.size();) {
       if (v[i].fd == fd) {
         if (v[i].gs) set->gs_count.fetch_sub(1);
+        if (v[i].dormant) set->dormant_count.fetch_sub(1);
         v.erase(v.begin() + static_cast<long>(i));
       } else {
         ++i;
@@ -71,8 +72,19 @@ void epoll_upgrade_fd(int fd) {
       if (e.fd == fd && !e.gs) {
         e.gs = true;  // the kernel dropped its registration with the old socket
         set->gs_count.fetch_add(1);
+        if (e.dormant) set->dormant_count.fetch_sub(1);
+        e.dormant = false;
       }
   }
+}
+
+bool epoll_has_fd(int fd) {
+  for (auto &set : all_sets()) {
+    std::lock_guard lock(set->mu);
+    for (const auto &e : set->entries)
+      if (e.fd == fd) return true;
+  }
+  return false;
 }
 
 void epoll_forget_epfd(int epfd) {
@@ -102,6 +114,12 @@ void epoll_after_fork_child() {
     if (set->numbers.empty() || set->numbers.front() != epfd) continue;
     for (auto &e : set->entries) {
       if (!e.gs) continue;
+      if (kind_of(e.fd) == kDormant) {  // an inherited listener: watched once it is active
+        e.gs = false;
+        e.dormant = true;
+        set->dormant_count.fetch_add(1);
+        continue;
+      }
       epoll_event ev{};
       ev.events = e.disarmed ? (e.events & (EPOLLET | EPOLLONESHOT)) : e.events;
       ev.data = e.data;

@@ -20,6 +20,7 @@ struct EpollEntry {
   uint32_t events;
   epoll_data_t data;
   bool gs;                // false: a pending socket the kernel watches (kept to move it on upgrade)
+  bool dormant = false;   // a dormant listener (listeners.h): nobody watches it until it is active
   bool disarmed = false;  // EPOLLONESHOT fired
   uint32_t reported = 0;  // edge-triggered: bits reported and not seen clear since
   uint32_t rgen = 0, wgen = 0;
@@ -30,6 +31,7 @@ struct EpollSet {
   std::vector<EpollEntry> entries;
   std::vector<int> numbers;  // fds that refer to this instance
   std::atomic<int> gs_count{0};
+  std::atomic<int> dormant_count{0};
   size_t next = 0;  // round-robin start among gpusock entries
 };
 
@@ -38,10 +40,11 @@ std::shared_ptr<EpollSet> find_or_make_epoll_set(int epfd);  // marks epfd kEpol
 
 // Bookkeeping the socket and fd calls need.
 void epoll_forget_fd(int fd);               // close of a gpusock or pending fd
-void epoll_upgrade_fd(int fd);              // a pending fd became a gpusock socket
+void epoll_upgrade_fd(int fd);              // a pending or dormant fd became a gpusock socket
+bool epoll_has_fd(int fd);                  // is fd a member of an emulated epoll set?
 void epoll_forget_epfd(int epfd);           // close of an epoll fd
 void epoll_dup_epfd(int oldfd, int newfd);  // dup of an epoll fd
-void epoll_after_fork_child();              // gpusock fds became kernel fds
+void epoll_after_fork_child();              // gpusock fds became kernel fds (or dormant listeners)
 
 std::mutex &epoll_table_mutex();  // the instances' table (held across fork)
 

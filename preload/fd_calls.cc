@@ -17,6 +17,18 @@
 
 using namespace gpusock::preload;
 
+namespace {
+
+// newfd is a kernel-level copy of oldfd (of kind k): an epoll fd or a dormant
+// listener brings its shim state along.
+void note_dup(uint8_t k, int oldfd, int newfd) {
+  if (k == kEpoll) epoll_dup_epfd(oldfd, newfd);
+  if (k == kDormant)
+    if (auto spec = dormant_spec(oldfd)) add_dormant(newfd, std::move(spec));
+}
+
+}  // namespace
+
 GS_EXPORT int close(int fd) {
   if (t_inside) {
     if (fd == t_skip_close) {
@@ -43,7 +55,7 @@ GS_EXPORT int close_range(unsigned first, unsigned last, int flags) {
   // Pending and epoll fds: drop the shim's state; the kernel closes them below.
   for_each_slot(first, last, [](int fd, FdSlot &s) {
     const uint8_t k = s.kind.load(std::memory_order_acquire);
-    if (k == kPending || k == kEpoll) drop_fd_state(fd);
+    if (k == kPending || k == kEpoll || k == kDormant) drop_fd_state(fd);
   });
   return R.close_range(first, last, flags);
 }
@@ -71,7 +83,7 @@ GS_EXPORT int dup(int fd) {
     return r;
   }
   const int r = R.dup(fd);
-  if (r >= 0 && k == kEpoll) epoll_dup_epfd(fd, r);
+  if (r >= 0) note_dup(k, fd, r);
   return r;
 }
 
@@ -103,7 +115,7 @@ int dup_common(int oldfd, int newfd, int flags, bool is_dup3) {
   if (R.fcntl(oldfd, F_GETFD) < 0) return -1;  // EBADF before touching newfd
   release_gs_target(newfd);
   const int r = is_dup3 ? R.dup3(oldfd, newfd, flags) : R.dup2(oldfd, newfd);
-  if (r >= 0 && k == kEpoll) epoll_dup_epfd(oldfd, newfd);
+  if (r >= 0) note_dup(k, oldfd, newfd);
   return r;
 }
 
@@ -161,7 +173,7 @@ int fcntl_common(int fd, int cmd, void *arg) {
     }
   }
   const int r = R.fcntl(fd, cmd, arg);
-  if (r >= 0 && k == kEpoll && (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC)) epoll_dup_epfd(fd, r);
+  if (r >= 0 && (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC)) note_dup(k, fd, r);
   return r;
 }
 

@@ -21,6 +21,7 @@ struct Tables {
   std::mutex mu;
   std::unordered_map<int, std::shared_ptr<SockInfo>> infos;
   std::unordered_map<int, Pending> pendings;
+  std::unordered_map<int, std::shared_ptr<ListenSpec>> dormant;
 };
 
 // Never destroyed: the library's threads may run after static destructors.
@@ -156,6 +157,41 @@ void drop_pending(int fd) {
     tables().pendings.erase(fd);
   }
   set_kind(fd, kKernel);
+}
+
+// ------------------------------------------------------------------ listeners
+
+void add_dormant(int fd, std::shared_ptr<ListenSpec> spec) {
+  {
+    std::lock_guard lock(tables().mu);
+    tables().dormant[fd] = std::move(spec);
+  }
+  set_kind(fd, kDormant);
+}
+
+std::shared_ptr<ListenSpec> dormant_spec(int fd) {
+  std::lock_guard lock(tables().mu);
+  auto it = tables().dormant.find(fd);
+  return it == tables().dormant.end() ? nullptr : it->second;
+}
+
+ListenSpec::~ListenSpec() {
+  if (anchor >= 0) real().close(anchor);
+}
+
+std::shared_ptr<ListenSpec> drop_dormant(int fd, bool keep_kind) {
+  if (!keep_kind) set_kind(fd, kKernel);
+  std::lock_guard lock(tables().mu);
+  auto it = tables().dormant.find(fd);
+  if (it == tables().dormant.end()) return nullptr;
+  auto spec = std::move(it->second);
+  tables().dormant.erase(it);
+  return spec;
+}
+
+std::vector<std::pair<int, std::shared_ptr<ListenSpec>>> all_dormant() {
+  std::lock_guard lock(tables().mu);
+  return {tables().dormant.begin(), tables().dormant.end()};
 }
 
 // ------------------------------------------------------------------ transport fds

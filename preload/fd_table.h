@@ -18,12 +18,13 @@
 namespace gpusock::preload {
 
 enum Kind : uint8_t {
-  kKernel = 0,    // not ours: libc handles it
-  kPending = 1,   // a kernel TCP socket that may still become a gpusock socket
-  kGs = 2,        // a gpusock socket (the fd is the library's reserved eventfd)
-  kEpoll = 3,     // an epoll fd the shim emulates for gpusock members
-  kInternal = 4,  // a gpusock fd the shim holds for itself (fork relays)
-  kTransport = 5  // a kernel fd gpusock or libfabric made for themselves
+  kKernel = 0,     // not ours: libc handles it
+  kPending = 1,    // a kernel TCP socket that may still become a gpusock socket
+  kGs = 2,         // a gpusock socket (the fd is the library's reserved eventfd)
+  kEpoll = 3,      // an epoll fd the shim emulates for gpusock members
+  kInternal = 4,   // a gpusock fd the shim holds for itself (fork relays)
+  kTransport = 5,  // a kernel fd gpusock or libfabric made for themselves
+  kDormant = 6     // a listener without a gpusock listener in this process yet (listeners.h)
 };
 
 struct FdSlot {
@@ -35,7 +36,8 @@ struct FdSlot {
   // Bumped by receive calls and by waits for readability: a fork relay passes
   // incoming data to the child only while the parent leaves the socket alone.
   std::atomic<uint32_t> rtouch{0};
-  std::atomic<uint64_t> ino{0};  // kTransport: the file's inode, to know it is still the same file
+  std::atomic<uint64_t> ino{0};        // kTransport: the file's inode, to know it is still the same file
+  std::atomic<uint16_t> accepting{0};  // threads blocked in accept() on it (listeners.h)
 };
 
 // The slot of fd (nullptr for fds beyond the table); create makes its chunk.
@@ -54,12 +56,15 @@ void for_each_slot(unsigned first, unsigned last, const std::function<void(int f
 
 // ------------------------------------------------------------------ gpusock sockets
 
+struct ListenSpec;
+
 // Shim-level state shared by every fd of one gpusock socket (dup, fork relay).
 struct SockInfo {
   std::atomic<int> user_fds{0};         // application-visible fds
   std::atomic<int64_t> rcvtimeo_us{0};  // SO_RCVTIMEO / SO_SNDTIMEO (emulated)
   std::atomic<int64_t> sndtimeo_us{0};
   std::atomic<bool> listening{false};
+  std::shared_ptr<ListenSpec> spec;  // a listener: how to make it again in another process (set at listen)
 };
 std::shared_ptr<SockInfo> sock_info(int fd);
 void attach_gs_fd(int fd, std::shared_ptr<SockInfo> info);  // marks fd kGs
@@ -88,6 +93,35 @@ bool take_pending(int fd, Pending *out);  // a copy; false if fd is not pending
 void set_pending_bound(int fd, const sockaddr_storage &addr, socklen_t len);
 void record_pending_option(int fd, int level, int name, const void *val, socklen_t len);
 void drop_pending(int fd);  // marks fd kKernel
+
+// ------------------------------------------------------------------ listeners
+
+// What makes a listener again in another process of a forked server, or in
+// this one after it has set its own aside (listeners.h). Shared by every fd of
+// the listener; guarded by `mu`.
+struct ListenSpec {
+  std::mutex mu;
+  int domain = AF_INET;
+  sockaddr_storage addr{};  // the address it listens on, with the port it got
+  socklen_t addr_len = 0;
+  int backlog = 128;
+  std::vector<Pending::Opt> opts;  // options set before listen(), replayed on a new listener
+  int v6only = -1;                 // IPV6_V6ONLY as set (-1: the system default)
+  int anchor = -1;                 // fabric:tcp: this process's fd of the kernel listening socket the processes share
+  uint32_t touch_mark = 0;         // the listener's rtouch when last judged (listen, fork)
+  int64_t retry_ns = 0;            // dormant with the port held elsewhere: when to try again
+  bool told_busy = false;          // the log said why this process waits
+  ListenSpec() = default;
+  ListenSpec(const ListenSpec &) = delete;
+  ListenSpec &operator=(const ListenSpec &) = delete;
+  ~ListenSpec();  // closes the anchor
+};
+// fd is a dormant listener (kDormant) of `spec`; nullptr when it is not one.
+void add_dormant(int fd, std::shared_ptr<ListenSpec> spec);
+std::shared_ptr<ListenSpec> dormant_spec(int fd);
+// Forgets a dormant fd (and marks it kKernel unless keep_kind); returns its spec.
+std::shared_ptr<ListenSpec> drop_dormant(int fd, bool keep_kind = false);
+std::vector<std::pair<int, std::shared_ptr<ListenSpec>>> all_dormant();
 
 // ------------------------------------------------------------------ transport fds
 

@@ -4,6 +4,7 @@
 #include "preload/config.h"
 #include "preload/epoll_table.h"
 #include "preload/fd_table.h"
+#include "preload/listeners.h"
 #include "preload/relay.h"
 #include "preload/routing.h"
 
@@ -27,9 +28,10 @@ struct Inherited {
   std::vector<std::pair<int, bool>> fds;  // number, close-on-exec
   bool listening = false;
   bool nonblocking = false;
-  int c = -1;  // the child's kernel socket, dup3()ed onto fds in the child
-  int r = -1;  // a relay's end in the parent (relay.h)
-  int g = -1;  // a relay's own gpusock fd of the socket (kInternal)
+  bool set_aside = false;  // a listener the parent sets aside before the fork (listeners.h)
+  int c = -1;              // the child's kernel socket (a listener's placeholder), dup3()ed onto fds in the child
+  int r = -1;              // a relay's end in the parent (relay.h)
+  int g = -1;              // a relay's own gpusock fd of the socket (kInternal)
 };
 using Sockets = std::map<SockInfo *, Inherited>;
 
@@ -49,14 +51,19 @@ Sockets inherited_sockets() {
   return socks;
 }
 
-// What the child gets for each socket: a listener an unbound kernel socket, a
-// connection its end of a relay's socketpair.
+// What the child gets for each socket: a listener a placeholder kernel socket
+// (it is dormant there, listeners.h), a connection its end of a relay's
+// socketpair.
 void make_child_ends(Sockets &socks) {
   const Real &R = real();
   for (auto &[key, gr] : socks) {
     const int first = gr.fds.front().first;
     if (gr.listening) {
-      gr.c = R.socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      std::vector<int> numbers;
+      for (auto &[fd, cloexec] : gr.fds) numbers.push_back(fd);
+      gr.set_aside = prepare_listener_fork(numbers, gr.info);
+      const int domain = gr.info->spec ? gr.info->spec->domain : AF_INET;
+      gr.c = R.socket(domain, SOCK_STREAM | SOCK_CLOEXEC | (gr.nonblocking ? SOCK_NONBLOCK : 0), 0);
       continue;
     }
     int sv[2];
@@ -83,7 +90,7 @@ void make_child_ends(Sockets &socks) {
 void child_after_fork(const Sockets &socks, const std::vector<int> &old_relay_fds) {
   const Real &R = real();
   for (auto &[key, gr] : socks) {
-    if (gr.c < 0) continue;
+    if (gr.c < 0 || gr.listening) continue;
     for (auto &[fd, cloexec] : gr.fds) R.dup3(gr.c, fd, cloexec ? O_CLOEXEC : 0);
     R.close(gr.c);
     if (gr.r >= 0) R.close(gr.r);
@@ -91,6 +98,14 @@ void child_after_fork(const Sockets &socks, const std::vector<int> &old_relay_fd
   }
   for (int fd : old_relay_fds) R.close(fd);
   forget_all_gs_fds_in_child();
+  dormant_after_fork_child();
+  for (auto &[key, gr] : socks) {
+    if (gr.c < 0 || !gr.listening) continue;
+    if (gr.info->spec) child_listener_dormant(gr.fds, gr.c, gr.info->spec);
+    else
+      for (auto &[fd, cloexec] : gr.fds) R.dup3(gr.c, fd, cloexec ? O_CLOEXEC : 0);
+    R.close(gr.c);
+  }
   transport_fds_cloexec_in_child();  // the parent's libfabric sockets do not follow an exec
   epoll_after_fork_child();
   relay_after_fork_child();
@@ -123,6 +138,12 @@ void parent_after_fork(const Sockets &socks, pid_t pid) {
 pid_t fork_with_relays() {
   Sockets socks = inherited_sockets();
   make_child_ends(socks);
+  // A listener the parent sets aside stops listening before the fork, not
+  // after it: a client that connected in between would reach a listener about
+  // to close (its connection reset, or its handshake never answered where the
+  // processes cannot share a port) instead of being refused or queued.
+  for (auto &[key, gr] : socks)
+    if (gr.set_aside) set_listener_aside(gr.fds, gr.info->spec, gr.nonblocking);
   // Hold the shim's tables across the fork so the child's copies are whole.
   std::unique_lock relay_lock(relay_mutex());
   std::unique_lock fd_lock(fd_table_mutex());

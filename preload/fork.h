@@ -5,8 +5,9 @@
 // registered rings, a progress thread), which the child cannot share. At fork
 // each connected gpusock socket gets a relay (relay.h): the child sees a
 // working kernel stream socket on the same fd numbers, also after exec.
-// Listening sockets are not relayed: in the child they are unbound kernel
-// sockets (accept fails with EINVAL). The library abandons its inherited state
+// Listening sockets are not relayed: in the child they are dormant, and the
+// child listens on the same address itself when it uses them; an unused
+// listener is set aside in the parent (listeners.h). The library abandons its inherited state
 // in the child (Engine::fork_child), so a child that does not exec can still
 // make new gpusock sockets.
 //

@@ -67,6 +67,7 @@ Real load_real() {
   R(eventfd);
   R(pipe);
   R(pipe2);
+  R(fopen);
 #undef R
   return r;
 }

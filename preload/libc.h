@@ -15,6 +15,7 @@
 #include <time.h>
 
 #include <cerrno>
+#include <cstdio>
 
 // The shim's definition of a libc name: the only symbols the library exports.
 #define GS_EXPORT extern "C" __attribute__((visibility("default")))
@@ -73,6 +74,7 @@ struct Real {
   int (*eventfd)(unsigned, int);
   int (*pipe)(int *);
   int (*pipe2)(int *, int);
+  FILE *(*fopen)(const char *, const char *);
 };
 const Real &real();
 

@@ -2,6 +2,7 @@
 // setsockopt, getsockopt, ioctl, fstat). Options of a pending socket go to the
 // kernel and are recorded for the upgrade; on a gpusock socket the library
 // answers, with the shim emulating what it has no notion of.
+#include "preload/listeners.h"
 #include "preload/routing.h"
 
 #include <gpusock/socket.h>
@@ -26,6 +27,15 @@ GS_EXPORT int shutdown(int fd, int how) {
 }
 
 GS_EXPORT int getsockname(int fd, sockaddr *addr, socklen_t *len) {
+  if (!t_inside && kind_of(fd) == kDormant) {  // the address it listens on
+    auto spec = dormant_spec(fd);
+    if (spec && addr && len) {
+      std::lock_guard lock(spec->mu);
+      std::memcpy(addr, &spec->addr, std::min<socklen_t>(*len, spec->addr_len));
+      *len = spec->addr_len;
+      return 0;
+    }
+  }
   if (t_inside || kind_of(fd) != kGs) return real().getsockname(fd, addr, len);
   Inside guard;
   return libc_result(gs_getsockname(fd, addr, len));
@@ -74,7 +84,13 @@ GS_EXPORT int setsockopt(int fd, int level, int name, const void *val, socklen_t
     if (r == 0 && val) record_pending_option(fd, level, name, val, len);
     return r;
   }
+  if (k == kDormant) {  // kept for the listener it becomes
+    note_listen_option(dormant_spec(fd), level, name, val, len);
+    return 0;
+  }
   if (k != kGs) return R.setsockopt(fd, level, name, val, len);
+  if (auto info = sock_info(fd); info && info->spec && !info->listening)  // a listener to be
+    note_listen_option(info->spec, level, name, val, len);
   if (level == SOL_SOCKET && (name == SO_RCVTIMEO || name == SO_SNDTIMEO)) {
     if (!val || len < sizeof(timeval)) {
       errno = EINVAL;
@@ -94,6 +110,12 @@ GS_EXPORT int setsockopt(int fd, int level, int name, const void *val, socklen_t
 
 GS_EXPORT int getsockopt(int fd, int level, int name, void *val, socklen_t *len) {
   const Real &R = real();
+  if (!t_inside && kind_of(fd) == kDormant && level == SOL_SOCKET && name == SO_ACCEPTCONN && val && len &&
+      *len >= sizeof(int)) {
+    *static_cast<int *>(val) = 1;  // a listener, in this process too
+    *len = sizeof(int);
+    return 0;
+  }
   if (t_inside || kind_of(fd) != kGs) return R.getsockopt(fd, level, name, val, len);
   if (level == SOL_SOCKET && (name == SO_RCVTIMEO || name == SO_SNDTIMEO)) {
     if (!val || !len || *len < sizeof(timeval)) {

@@ -6,6 +6,7 @@
 // in a side table per epoll instance (epoll_table.h) with their events, data
 // and edge/one-shot state; epoll_wait reports them from there.
 #include "preload/epoll_table.h"
+#include "preload/listeners.h"
 #include "preload/wait.h"
 
 #include <gpusock/socket.h>
@@ -20,10 +21,44 @@ using namespace gpusock::preload;
 
 namespace {
 
+// Is any fd a gpusock socket, or a dormant listener (listeners.h)?
+bool any_ours(const pollfd *fds, nfds_t nfds) {
+  for (nfds_t i = 0; i < nfds; ++i) {
+    const uint8_t k = fds[i].fd >= 0 ? kind_of(fds[i].fd) : static_cast<uint8_t>(kKernel);
+    if (k == kGs || k == kDormant) return true;
+  }
+  return false;
+}
+
 bool any_gs(const pollfd *fds, nfds_t nfds) {
   for (nfds_t i = 0; i < nfds; ++i)
     if (fds[i].fd >= 0 && is_gs(fds[i].fd)) return true;
   return false;
+}
+
+// One wait over fds: emulated when gpusock sockets are among them.
+int poll_once(pollfd *fds, nfds_t nfds, const timespec *timeout, const sigset_t *sigmask) {
+  if (any_gs(fds, nfds)) return emulated_poll(fds, nfds, timeout, sigmask);
+  return real().ppoll(fds, nfds, timeout, sigmask);
+}
+
+// poll over a mix with dormant listeners: they are activated first; those
+// whose port another process holds report nothing, and the wait is cut into
+// pieces of kRetryMs to try them again.
+int poll_mixed(pollfd *fds, nfds_t nfds, const timespec *timeout, const sigset_t *sigmask) {
+  if (activate_dormant(fds, nfds) == 0) return poll_once(fds, nfds, timeout, sigmask);
+  auto once = [&](const timespec *piece) {
+    std::vector<std::pair<nfds_t, int>> hidden;
+    for (nfds_t i = 0; i < nfds; ++i)
+      if (fds[i].fd >= 0 && kind_of(fds[i].fd) == kDormant) {
+        hidden.push_back({i, fds[i].fd});
+        fds[i].fd = -1;  // ignored: revents 0
+      }
+    const int r = poll_once(fds, nfds, piece, sigmask);
+    for (auto &[i, fd] : hidden) fds[i].fd = fd;
+    return r;
+  };
+  return wait_in_pieces(timeout, kRetryMs, once, [&] { return activate_dormant(fds, nfds); });
 }
 
 }  // namespace
@@ -31,14 +66,14 @@ bool any_gs(const pollfd *fds, nfds_t nfds) {
 // ================================================================== poll
 
 GS_EXPORT int poll(pollfd *fds, nfds_t nfds, int timeout) {
-  if (t_inside || !any_gs(fds, nfds)) return real().poll(fds, nfds, timeout);
+  if (t_inside || !any_ours(fds, nfds)) return real().poll(fds, nfds, timeout);
   timespec ts{timeout / 1000, (timeout % 1000) * 1000000L};
-  return emulated_poll(fds, nfds, timeout < 0 ? nullptr : &ts, nullptr);
+  return poll_mixed(fds, nfds, timeout < 0 ? nullptr : &ts, nullptr);
 }
 
 GS_EXPORT int ppoll(pollfd *fds, nfds_t nfds, const timespec *timeout, const sigset_t *sigmask) {
-  if (t_inside || !any_gs(fds, nfds)) return real().ppoll(fds, nfds, timeout, sigmask);
-  return emulated_poll(fds, nfds, timeout, sigmask);
+  if (t_inside || !any_ours(fds, nfds)) return real().ppoll(fds, nfds, timeout, sigmask);
+  return poll_mixed(fds, nfds, timeout, sigmask);
 }
 
 extern "C" void __chk_fail(void) __attribute__((noreturn));
@@ -59,7 +94,9 @@ namespace {
 
 bool sets_have_gs(int nfds, fd_set *r, fd_set *w, fd_set *e) {
   for (int fd = 0; fd < nfds && fd < FD_SETSIZE; ++fd)
-    if (((r && FD_ISSET(fd, r)) || (w && FD_ISSET(fd, w)) || (e && FD_ISSET(fd, e))) && is_gs(fd)) return true;
+    if (((r && FD_ISSET(fd, r)) || (w && FD_ISSET(fd, w)) || (e && FD_ISSET(fd, e))) &&
+        (is_gs(fd) || kind_of(fd) == kDormant))
+      return true;
   return false;
 }
 
@@ -73,7 +110,7 @@ int select_emulated(int nfds, fd_set *r, fd_set *w, fd_set *e, const timespec *t
     if (e && FD_ISSET(fd, e)) ev |= POLLPRI;
     if (ev) p.push_back({fd, ev, 0});
   }
-  const int n = emulated_poll(p.data(), p.size(), timeout, sigmask);
+  const int n = poll_mixed(p.data(), p.size(), timeout, sigmask);
   if (n < 0) return -1;
   for (const auto &q : p)
     if (q.revents & POLLNVAL) {
@@ -183,22 +220,64 @@ int collect_gs(EpollSet &set, epoll_event *out, int max) {
   return n;
 }
 
-int epoll_wait_impl(int epfd, epoll_event *events, int maxevents, const timespec *timeout, const sigset_t *sigmask) {
-  const Real &R = real();
-  if (maxevents <= 0 || !events) {
-    errno = EINVAL;
+// A dormant listener whose port another process holds: a member nobody
+// watches (not even the kernel) until it is activated (listeners.h).
+int dormant_ctl(EpollSet &set, int op, int fd, epoll_event *ev) {
+  std::lock_guard lock(set.mu);
+  auto it = std::find_if(set.entries.begin(), set.entries.end(), [&](const EpollEntry &e) { return e.fd == fd; });
+  if (op == EPOLL_CTL_ADD) {
+    if (it != set.entries.end()) {
+      errno = EEXIST;
+      return -1;
+    }
+    EpollEntry e{fd, ev->events, ev->data, false};
+    e.dormant = true;
+    set.entries.push_back(e);
+    set.dormant_count.fetch_add(1);
+    return 0;
+  }
+  if (it == set.entries.end()) {
+    errno = ENOENT;
     return -1;
   }
-  auto set = find_epoll_set(epfd);
-  if (!set || set->gs_count.load() == 0) {
-    if (!timeout) return R.epoll_pwait(epfd, events, maxevents, -1, sigmask);
-    if (timeout->tv_nsec % 1000000 != 0 && R.epoll_pwait2) {
-      const int r = R.epoll_pwait2(epfd, events, maxevents, timeout, sigmask);
-      if (r >= 0 || errno != ENOSYS) return r;
-    }
-    const long ms = static_cast<long>(timeout->tv_sec) * 1000 + (timeout->tv_nsec + 999999) / 1000000;
-    return R.epoll_pwait(epfd, events, maxevents, static_cast<int>(std::min<long>(ms, INT32_MAX)), sigmask);
+  if (op == EPOLL_CTL_MOD) {
+    it->events = ev->events;
+    it->data = ev->data;
+    return 0;
   }
+  if (it->dormant) set.dormant_count.fetch_sub(1);
+  set.entries.erase(it);
+  return 0;
+}
+
+// The set's dormant listeners, activated if they can be; how many remain.
+int activate_members(EpollSet &set) {
+  std::vector<pollfd> dormant;
+  {
+    std::lock_guard lock(set.mu);
+    for (const EpollEntry &e : set.entries)
+      if (e.dormant) dormant.push_back({e.fd, 0, 0});
+  }
+  return activate_dormant(dormant.data(), dormant.size());
+}
+
+// The kernel's epoll wait with a timespec timeout (nullptr: forever).
+int real_epoll_wait(int epfd, epoll_event *events, int maxevents, const timespec *timeout, const sigset_t *sigmask) {
+  const Real &R = real();
+  if (!timeout) return R.epoll_pwait(epfd, events, maxevents, -1, sigmask);
+  if (timeout->tv_nsec % 1000000 != 0 && R.epoll_pwait2) {
+    const int r = R.epoll_pwait2(epfd, events, maxevents, timeout, sigmask);
+    if (r >= 0 || errno != ENOSYS) return r;
+  }
+  const long ms = static_cast<long>(timeout->tv_sec) * 1000 + (timeout->tv_nsec + 999999) / 1000000;
+  return R.epoll_pwait(epfd, events, maxevents, static_cast<int>(std::min<long>(ms, INT32_MAX)), sigmask);
+}
+
+// An epoll wait with gpusock members: kernel members through the real epoll
+// fd, gpusock ones from the side table.
+int emulated_epoll_wait(int epfd, EpollSet *set, epoll_event *events, int maxevents, const timespec *timeout,
+                        const sigset_t *sigmask) {
+  const Real &R = real();
   auto check = [&]() -> int {
     int n;
     {
@@ -225,6 +304,22 @@ int epoll_wait_impl(int epfd, epoll_event *events, int maxevents, const timespec
   return wait_loop(timeout, check, sleep);
 }
 
+int epoll_wait_impl(int epfd, epoll_event *events, int maxevents, const timespec *timeout, const sigset_t *sigmask) {
+  if (maxevents <= 0 || !events) {
+    errno = EINVAL;
+    return -1;
+  }
+  auto set = find_epoll_set(epfd);
+  auto once = [&](const timespec *t) {
+    if (!set || set->gs_count.load() == 0) return real_epoll_wait(epfd, events, maxevents, t, sigmask);
+    return emulated_epoll_wait(epfd, set.get(), events, maxevents, t, sigmask);
+  };
+  // Dormant listeners whose port another process holds: tried again between pieces.
+  if (set && set->dormant_count.load() > 0 && activate_members(*set) > 0)
+    return wait_in_pieces(timeout, kRetryMs, once, [&] { return activate_members(*set); });
+  return once(timeout);
+}
+
 }  // namespace
 
 // epoll_create/epoll_create1 (fd_calls.cc) keep no state: an epoll instance gets
@@ -234,8 +329,9 @@ int epoll_wait_impl(int epfd, epoll_event *events, int maxevents, const timespec
 GS_EXPORT int epoll_ctl(int epfd, int op, int fd, epoll_event *ev) {
   const Real &R = real();
   if (t_inside) return R.epoll_ctl(epfd, op, fd, ev);
-  const uint8_t k = kind_of(fd);
-  if (k != kGs && k != kPending) return R.epoll_ctl(epfd, op, fd, ev);
+  uint8_t k = kind_of(fd);
+  if (k == kDormant && op != EPOLL_CTL_DEL && activate(fd) == 1) k = kGs;  // waited on: it is used
+  if (k != kGs && k != kPending && k != kDormant) return R.epoll_ctl(epfd, op, fd, ev);
   if (R.fcntl(epfd, F_GETFD) < 0) return -1;  // EBADF
   if (epfd == fd) {
     errno = EINVAL;
@@ -250,6 +346,7 @@ GS_EXPORT int epoll_ctl(int epfd, int op, int fd, epoll_event *ev) {
     return -1;
   }
   auto set = find_or_make_epoll_set(epfd);
+  if (k == kDormant) return dormant_ctl(*set, op, fd, ev);
   if (k == kPending) {  // the kernel watches it; remember it for the upgrade
     const int r = R.epoll_ctl(epfd, op, fd, ev);
     if (r < 0) return r;

@@ -1,7 +1,7 @@
 // Top layer: the process-wide calls. The library's constructor; sigaction,
 // signal, bsd_signal and sysv_signal (handlers are wrapped, signals.h); fork
 // (relays, fork.h); the exec family (gpusock sockets are closed in order
-// first, fork.h).
+// first, fork.h); fopen of /proc/kallsyms by libfabric.
 #include "preload/config.h"
 #include "preload/fork.h"
 #include "preload/signals.h"
@@ -9,6 +9,7 @@
 #include <stdarg.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <vector>
 
 extern char **environ;
@@ -123,4 +124,19 @@ GS_EXPORT int execle(const char *path, const char *arg, ...) {
   char *const *envp = va_arg(ap, char *const *);
   va_end(ap);
   return execve(path, v.data(), envp);
+}
+
+// libfabric 1.17 initializes its verbs provider whatever provider gpusock asks
+// for, and that reads /proc/kallsyms twice (looking for peer-memory and
+// dma-buf support): some 120,000 lines the kernel formats, most of the time a
+// short-lived client under the shim spends starting (0.1 to 0.3 s here,
+// counted in curl's download rate, since the transport opens at the first
+// socket). gpusock never uses libfabric's verbs provider, so while the library
+// runs the file is not there for it (the provider then assumes neither).
+GS_EXPORT FILE *fopen(const char *path, const char *mode) {
+  if (t_inside && path != nullptr && std::strcmp(path, "/proc/kallsyms") == 0) {
+    errno = ENOENT;
+    return nullptr;
+  }
+  return real().fopen(path, mode);
 }

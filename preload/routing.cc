@@ -94,11 +94,34 @@ std::string addr_text(const sockaddr *addr, socklen_t len) {
 }
 
 const char *transport_name() {
-  const char *t = getenv("GPUSOCK_TRANSPORT");
-  return t && *t ? t : "default transport";
+  // Read once: some servers clear their workers' environment (nginx).
+  static const std::string name = [] {
+    const char *t = getenv("GPUSOCK_TRANSPORT");
+    return std::string(t && *t ? t : "default transport");
+  }();
+  return name.c_str();
 }
 
 // ------------------------------------------------------------------ the decision
+
+int new_gs_socket(int domain, bool nonblocking, const std::vector<Pending::Opt> &opts) {
+  Inside guard;
+  const int fd = gs_socket(domain, SOCK_STREAM | (nonblocking ? SOCK_NONBLOCK : 0), 0);
+  if (fd < 0) return fd;
+  const Config &c = config();
+  if (c.iomap_size >= 0) gs_setsockopt(fd, SOL_RDMA, RDMA_IOMAPSIZE, &c.iomap_size, sizeof(int));
+  for (const auto &o : opts) {
+    if (o.level == SOL_SOCKET && (o.name == SO_RCVTIMEO || o.name == SO_SNDTIMEO)) continue;
+    gs_setsockopt(fd, o.level, o.name, o.value.data(), static_cast<socklen_t>(o.value.size()));
+  }
+  return fd;
+}
+
+void note_timeouts(int fd, const std::vector<Pending::Opt> &opts) {
+  for (const auto &o : opts)
+    if (o.level == SOL_SOCKET && (o.name == SO_RCVTIMEO || o.name == SO_SNDTIMEO))
+      note_timeout(fd, o.name, o.value.data(), static_cast<socklen_t>(o.value.size()));
+}
 
 namespace {
 
@@ -110,21 +133,17 @@ int upgrade(int fd, const Pending &p) {
   const int fdfl = R.fcntl(fd, F_GETFD);
   if (fl < 0 || fdfl < 0) return -errno;
   Inside guard;
-  const int tmp = gs_socket(p.domain, SOCK_STREAM | ((fl & O_NONBLOCK) ? SOCK_NONBLOCK : 0), 0);
+  const int tmp = new_gs_socket(p.domain, fl & O_NONBLOCK, p.opts);
   if (tmp < 0) return tmp;
-  const Config &c = config();
-  if (c.iomap_size >= 0) gs_setsockopt(tmp, SOL_RDMA, RDMA_IOMAPSIZE, &c.iomap_size, sizeof(int));
-  for (const auto &o : p.opts) {
-    if (o.level == SOL_SOCKET && (o.name == SO_RCVTIMEO || o.name == SO_SNDTIMEO)) continue;
-    gs_setsockopt(tmp, o.level, o.name, o.value.data(), static_cast<socklen_t>(o.value.size()));
-  }
   const int r = gs_dup3(tmp, fd, (fdfl & FD_CLOEXEC) ? O_CLOEXEC : 0);
   gs_close(tmp);
   if (r < 0) return r;
-  attach_gs_fd(fd, nullptr);
-  for (const auto &o : p.opts)
-    if (o.level == SOL_SOCKET && (o.name == SO_RCVTIMEO || o.name == SO_SNDTIMEO))
-      note_timeout(fd, o.name, o.value.data(), static_cast<socklen_t>(o.value.size()));
+  auto info = std::make_shared<SockInfo>();
+  info->spec = std::make_shared<ListenSpec>();  // filled in should it listen (listeners.h)
+  info->spec->domain = p.domain;
+  info->spec->opts = p.opts;
+  attach_gs_fd(fd, info);
+  note_timeouts(fd, p.opts);
   epoll_upgrade_fd(fd);
   return 0;
 }
@@ -182,6 +201,10 @@ uint8_t drop_fd_state(int fd) {
       break;
     case kTransport:
       set_kind(fd, kKernel);
+      break;
+    case kDormant:
+      epoll_forget_fd(fd);
+      drop_dormant(fd);
       break;
     default:
       break;

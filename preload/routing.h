@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace gpusock::preload {
 
@@ -57,6 +58,11 @@ void finalize_kernel(int fd);
 void bind_recorded(int fd, const Pending &p);
 // SO_RCVTIMEO / SO_SNDTIMEO of a gpusock socket (the shim emulates them).
 void note_timeout(int fd, int name, const void *val, socklen_t len);
+void note_timeouts(int fd, const std::vector<Pending::Opt> &opts);  // those among recorded options
+// A new gpusock socket (not yet on an application fd) with the recorded
+// options applied (timeouts excepted: note_timeouts once it has its fd).
+// Returns its fd or a negated errno.
+int new_gs_socket(int domain, bool nonblocking, const std::vector<Pending::Opt> &opts);
 
 // ------------------------------------------------------------------ leaving the tables
 

@@ -1,6 +1,7 @@
 // Top layer: socket, bind, listen, connect, accept, accept4. socket() marks a
 // TCP socket pending; bind/listen/connect have routing.h decide it; the calls
 // on a gpusock socket go to the library, blocking ones wait in the shim.
+#include "preload/listeners.h"
 #include "preload/routing.h"
 #include "preload/wait.h"
 
@@ -46,11 +47,16 @@ GS_EXPORT int socket(int domain, int type, int protocol) {
 
 GS_EXPORT int bind(int fd, const sockaddr *addr, socklen_t len) {
   const Real &R = real();
-  if (t_inside) return R.bind(fd, addr, len);
+  if (t_inside || called_from_transport(__builtin_return_address(0)))
+    return transport_bind(fd, addr, len) ? 0 : R.bind(fd, addr, len);
   const uint8_t k = kind_of(fd);
   if (k == kGs) {
     Inside guard;
     return libc_result(gs_bind(fd, addr, len));
+  }
+  if (k == kDormant) {  // bound already (as the kernel says of a listening socket)
+    errno = EINVAL;
+    return -1;
   }
   if (k != kPending) return R.bind(fd, addr, len);
   Pending p;
@@ -101,13 +107,20 @@ GS_EXPORT int listen(int fd, int backlog) {
     bind_recorded(fd, p);
     k = kGs;
   }
+  if (k == kDormant) {  // listen() again on an inherited listener: it is used
+    if (activate(fd) != 1) return 0;
+    k = kGs;
+  }
   if (k != kGs) return R.listen(fd, backlog);
   int r;
   {
+    auto spec = spec_for_listen(fd);
+    ListenArm arm(spec.get());
     Inside guard;
     r = gs_listen(fd, backlog);
   }
   if (r == 0) {
+    note_listen(fd, backlog);
     if (auto info = sock_info(fd)) info->listening = true;
     if (config().log_level >= 1) {
       sockaddr_storage ss{};
@@ -173,16 +186,23 @@ GS_EXPORT int connect(int fd, const sockaddr *addr, socklen_t len) {
 
 GS_EXPORT int accept4(int fd, sockaddr *addr, socklen_t *len, int flags) {
   const Real &R = real();
+  if (!t_inside && kind_of(fd) == kDormant && accept_ready_dormant(fd) < 0) return -1;
   if (t_inside || kind_of(fd) != kGs) {
     const int r = R.accept4(fd, addr, len, flags);
     if (r >= 0 && kind_of(fd) == kTransport) mark_transport_fd(r);  // libfabric's own listener
     return r;
   }
-  if (FdSlot *s = slot(fd)) s->rgen.fetch_add(1, std::memory_order_relaxed);
+  FdSlot *s = slot(fd);
+  if (s) {
+    s->rgen.fetch_add(1, std::memory_order_relaxed);
+    s->rtouch.fetch_add(1, std::memory_order_relaxed);  // the listener is used (listeners.h)
+  }
   if (!gs_nonblocking(fd)) {  // wait in the shim (signals), then take the connection
     const CallLimit limit = call_limit(fd, true);
+    if (s) s->accepting.fetch_add(1);
     int w;
     while ((w = blocking_wait(fd, POLLIN, limit)) == 0) {}
+    if (s) s->accepting.fetch_sub(1);
     if (w < 0) return libc_result(w);
   }
   int r;
@@ -197,7 +217,7 @@ GS_EXPORT int accept4(int fd, sockaddr *addr, socklen_t *len, int flags) {
 }
 
 GS_EXPORT int accept(int fd, sockaddr *addr, socklen_t *len) {
-  if (t_inside || kind_of(fd) != kGs) {
+  if (t_inside || (kind_of(fd) != kGs && kind_of(fd) != kDormant)) {
     const int r = real().accept(fd, addr, len);
     if (r >= 0 && kind_of(fd) == kTransport) mark_transport_fd(r);
     return r;

@@ -96,6 +96,26 @@ int wait_loop(const timespec *timeout, Check check, Sleep sleep) {
   }
 }
 
+// A wait cut into pieces of at most piece_ms while retry() says something is
+// to be tried again between them (it returns how many such things remain; at
+// 0 the rest is waited at once). once(piece) waits one piece; a result other
+// than 0 ends the wait. timeout nullptr: forever.
+template <class Once, class Retry>
+int wait_in_pieces(const timespec *timeout, long piece_ms, Once once, Retry retry) {
+  const auto deadline =
+      timeout ? Clock::now() + std::chrono::seconds(timeout->tv_sec) + std::chrono::nanoseconds(timeout->tv_nsec)
+              : Clock::time_point::max();
+  for (bool pieces = true;;) {
+    const auto left = deadline - Clock::now();
+    timespec piece = to_timespec(left);
+    if (pieces && (!timeout || left > std::chrono::milliseconds(piece_ms))) piece = {0, piece_ms * 1000000};
+    const int r = once(pieces || timeout ? &piece : nullptr);
+    if (r != 0 || (timeout && Clock::now() >= deadline)) return r;
+    if (!pieces) return 0;
+    pieces = retry() != 0;
+  }
+}
+
 // One sleep of wait_loop: until an event on the kernel fds `kern`, on the
 // gpusock sockets `gs` (through gs_wait_begin), a signal, or `until`; at most
 // `step` when the sockets' transports have no wait fd. 0, or -1 with errno.

@@ -12,7 +12,12 @@ GS_BUILD_PACKAGES=(cmake ninja-build g++ pkg-config libfabric-dev libfabric-bin 
 # scripts/test adds the libFuzzer toolchain.
 # shellcheck disable=SC2034  # used by the scripts that source this file
 # The shim and interop tests drive unmodified programs from Debian's packages.
-GS_TEST_PACKAGES=("${GS_BUILD_PACKAGES[@]}" clang libclang-rt-14-dev memcached libmemcached-tools iperf3)
+# The compatibility programs (label compat, docs/preload.md): servers and the
+# clients they are used with.
+GS_COMPAT_PACKAGES=(nginx-light apache2 apache2-utils redis-server redis-tools postgresql mosquitto
+                    mosquitto-clients curl wget python3 iproute2)
+GS_TEST_PACKAGES=("${GS_BUILD_PACKAGES[@]}" clang libclang-rt-14-dev memcached libmemcached-tools iperf3
+                  "${GS_COMPAT_PACKAGES[@]}")
 
 gs_section() {
   printf '\n==== %s ====\n' "$*"

@@ -143,6 +143,11 @@ class Listener {
   virtual bool maybe_ready() const { return true; }
 };
 
+// How a listener takes its address, beyond the sockaddr.
+struct ListenOptions {
+  bool v6only = false;  // IPV6_V6ONLY: an IPv6 wildcard listener takes no IPv4 clients
+};
+
 // Queue depths the protocol core needs from an endpoint (its sq_size, its
 // receive posts, its inline threshold); a transport may round them up.
 struct EndpointAttr {
@@ -194,6 +199,11 @@ class Domain {
   virtual gs_status_t accept(Endpoint *endpoint, ConnectionRequest *request, const void *private_data,
                              uint32_t private_len) = 0;
   virtual gs_status_t listen(const sockaddr *addr, socklen_t len, int backlog, std::unique_ptr<Listener> *out) = 0;
+  // The same with options; transports that have no use for them ignore them.
+  virtual gs_status_t listen(const sockaddr *addr, socklen_t len, int backlog, const ListenOptions &,
+                             std::unique_ptr<Listener> *out) {
+    return listen(addr, len, backlog, out);
+  }
   // Why this thread's last failing call failed, in words, when the transport
   // knows more than the status says (e.g. which process holds a port);
   // empty otherwise.

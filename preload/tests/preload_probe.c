@@ -40,6 +40,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "probe_io.h"
+
 static int failures;
 static const char *self_path;
 
@@ -116,18 +118,6 @@ static int tcp_connect(int port, int flags) {
   close(fd);
   errno = e;
   return -1;
-}
-
-static int write_all(int fd, const void *buf, size_t n) {
-  const char *p = buf;
-  while (n) {
-    ssize_t w = write(fd, p, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return -1;
-    p += w;
-    n -= (size_t)w;
-  }
-  return 0;
 }
 
 static int read_all(int fd, void *buf, size_t n) {

@@ -259,8 +259,11 @@ bool log_details() {
 }  // namespace
 
 void set_error_detail(std::string text) {
+  // Said once, not at every retry (a forked worker that tries a busy port).
+  thread_local std::string logged;
   t_error_detail = std::move(text);
-  if (!t_error_detail.empty() && log_details()) {
+  if (!t_error_detail.empty() && t_error_detail != logged && log_details()) {
+    logged = t_error_detail;
     std::fprintf(stderr, "gpusock[%d]: %s\n", static_cast<int>(getpid()), t_error_detail.c_str());
   }
 }

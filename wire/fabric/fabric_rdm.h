@@ -50,6 +50,12 @@ uint16_t sockaddr_port(const sockaddr_storage &addr);
 void set_sockaddr_port(sockaddr_storage *addr, uint16_t port);
 std::string sockaddr_ip(const sockaddr_storage &addr);
 bool is_wildcard(const sockaddr_storage &addr);
+// An IPv4 client: an IPv4 address or an IPv4-mapped IPv6 one.
+bool ipv4_client(const sockaddr_storage &addr);
+// `addr` as a listener of `family` sees it, as the kernel has it: an IPv4
+// address on an IPv6 listener is IPv4-mapped, an IPv4-mapped one on an IPv4
+// listener is plain IPv4.
+sockaddr_storage as_family(const sockaddr_storage &addr, sa_family_t family);
 // Rendezvous names a client tries for `addr`, most specific first.
 std::vector<std::string> rendezvous_candidates(const sockaddr_storage &addr);
 
@@ -117,7 +123,11 @@ class RdmDomain final : public FabricDomainBase {
   gs_status_t create_endpoint(ConnectionRequest *request, std::unique_ptr<Endpoint> *out) override;
   gs_status_t accept(Endpoint *endpoint, ConnectionRequest *request, const void *private_data,
                      uint32_t private_len) override;
-  gs_status_t listen(const sockaddr *addr, socklen_t len, int backlog, std::unique_ptr<Listener> *out) override;
+  gs_status_t listen(const sockaddr *addr, socklen_t len, int backlog, std::unique_ptr<Listener> *out) override {
+    return listen(addr, len, backlog, ListenOptions{}, out);
+  }
+  gs_status_t listen(const sockaddr *addr, socklen_t len, int backlog, const ListenOptions &options,
+                     std::unique_ptr<Listener> *out) override;
 
   // A named, enabled RDM endpoint with its own CQ and AV, and its bell.
   gs_status_t open_shared(std::shared_ptr<RdmShared> *out);

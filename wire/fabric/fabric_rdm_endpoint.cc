@@ -30,8 +30,8 @@ gs_status_t RdmEndpoint::init_from_request(RdmConnectionRequest *request) {
   peer_name_ = msg.name;
   peer_pid_ = msg.pid;
   nonce_ = msg.nonce;
-  local_ = msg.dst;
-  peer_sockaddr_ = msg.src;
+  local_ = as_family(msg.dst, request->core()->bound.ss_family);
+  peer_sockaddr_ = as_family(msg.src, request->core()->bound.ss_family);
   peer_record_len_ = msg.private_len;
   std::memcpy(peer_record_, msg.private_data, msg.private_len);
   origin_ = request->core();
@@ -110,7 +110,7 @@ gs_status_t RdmEndpoint::connect(const sockaddr *addr, socklen_t len, const void
   shm::Rendezvous rv{};
   bool found = false;
   for (const std::string &name : rendezvous_candidates(dst)) {
-    if (shm::read_rendezvous(name, &rv)) {
+    if (shm::read_rendezvous(name, &rv) && !(ipv4_client(dst) && (rv.flags & shm::kRendezvousV6Only))) {
       listener_rendezvous_ = name;
       found = true;
       break;

@@ -244,12 +244,27 @@ void RdmConnectionRequest::reject() {
 
 // --- listen ------------------------------------------------------------------
 
-gs_status_t RdmDomain::listen(const sockaddr *addr, socklen_t len, int /*backlog*/, std::unique_ptr<Listener> *out) {
+gs_status_t RdmDomain::listen(const sockaddr *addr, socklen_t len, int /*backlog*/, const ListenOptions &options,
+                              std::unique_ptr<Listener> *out) {
   sockaddr_storage bound;
   if (out == nullptr || !copy_sockaddr(addr, len, &bound)) return -EINVAL;
   auto core = std::make_shared<RdmListenerCore>();
   core->domain = this;
   set_error_detail({});
+  const bool v6only = bound.ss_family == AF_INET6 && options.v6only;
+
+  // The IPv4 and IPv6 wildcards of one port, as the kernel has them: a
+  // dual-stack [::] listener (no IPV6_V6ONLY) and a 0.0.0.0 one exclude each other.
+  if (sockaddr_port(bound) != 0 && is_wildcard(bound)) {
+    const bool v6 = bound.ss_family == AF_INET6;
+    const std::string other = shm::rendezvous_name(v6 ? "0.0.0.0" : "::", sockaddr_port(bound));
+    shm::Rendezvous rv{};
+    if (shm::read_rendezvous(other, &rv) && (v6 ? !v6only : !(rv.flags & shm::kRendezvousV6Only))) {
+      set_error_detail("fabric:shm: " + other + " (process " + std::to_string(rv.pid) +
+                       ") and this listener would both take IPv4 clients (IPV6_V6ONLY is off)");
+      return -EADDRINUSE;
+    }
+  }
 
   // Claim the rendezvous name (a free ephemeral port for port 0).
   const bool any_port = sockaddr_port(bound) == 0;
@@ -286,6 +301,7 @@ gs_status_t RdmDomain::listen(const sockaddr *addr, socklen_t len, int /*backlog
   rv.magic = shm::kRendezvousMagic;
   rv.version = shm::kRendezvousVersion;
   rv.pid = getpid();
+  rv.flags = v6only ? shm::kRendezvousV6Only : 0;
   std::strncpy(rv.name, core->shared->name.c_str(), sizeof(rv.name) - 1);
   if (ftruncate(core->rendezvous_fd, sizeof(rv)) != 0 ||
       pwrite(core->rendezvous_fd, &rv, sizeof(rv), 0) != static_cast<ssize_t>(sizeof(rv))) {

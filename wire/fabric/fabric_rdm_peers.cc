@@ -100,6 +100,31 @@ bool is_wildcard(const sockaddr_storage &addr) {
   return IN6_IS_ADDR_UNSPECIFIED(&reinterpret_cast<const sockaddr_in6 &>(addr).sin6_addr);
 }
 
+bool ipv4_client(const sockaddr_storage &addr) {
+  return addr.ss_family == AF_INET || IN6_IS_ADDR_V4MAPPED(&reinterpret_cast<const sockaddr_in6 &>(addr).sin6_addr);
+}
+
+sockaddr_storage as_family(const sockaddr_storage &addr, sa_family_t family) {
+  sockaddr_storage out = addr;
+  if (addr.ss_family == AF_INET && family == AF_INET6) {
+    const auto &a4 = reinterpret_cast<const sockaddr_in &>(addr);
+    auto &a6 = reinterpret_cast<sockaddr_in6 &>(out);
+    out = {};
+    a6.sin6_family = AF_INET6;
+    a6.sin6_port = a4.sin_port;
+    a6.sin6_addr.s6_addr[10] = a6.sin6_addr.s6_addr[11] = 0xff;
+    std::memcpy(&a6.sin6_addr.s6_addr[12], &a4.sin_addr, 4);
+  } else if (addr.ss_family == AF_INET6 && family == AF_INET && ipv4_client(addr)) {
+    const auto &a6 = reinterpret_cast<const sockaddr_in6 &>(addr);
+    auto &a4 = reinterpret_cast<sockaddr_in &>(out);
+    out = {};
+    a4.sin_family = AF_INET;
+    a4.sin_port = a6.sin6_port;
+    std::memcpy(&a4.sin_addr, &a6.sin6_addr.s6_addr[12], 4);
+  }
+  return out;
+}
+
 std::vector<std::string> rendezvous_candidates(const sockaddr_storage &addr) {
   const uint16_t port = sockaddr_port(addr);
   std::vector<std::string> names;

@@ -84,13 +84,14 @@ void unlink_endpoint_files(const std::string &name);
 constexpr size_t kNameMax = 64;
 constexpr uint32_t kRendezvousMagic = 0x47535256;  // "GSRV"
 constexpr uint32_t kRendezvousVersion = 1;
+constexpr uint32_t kRendezvousV6Only = 1;  // an IPv6 wildcard listener that takes no IPv4 clients
 
 // Content of a rendezvous file.
 struct Rendezvous {
   uint32_t magic;
   uint32_t version;
   int32_t pid;
-  uint32_t reserved;
+  uint32_t flags;       // kRendezvousV6Only (older writers left 0)
   char name[kNameMax];  // the listener endpoint
 };
 

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <new>
 #include <string>
 
 namespace gpusock::socket {
@@ -119,7 +120,7 @@ wire::Domain *Engine::domain(int *status) {
   {
     std::lock_guard lock(domain_mu_);
     if (!domain_opened_) {
-      domain_status_ = wire::open_domain("", &domain_, &domain_error_);
+      domain_status_ = wire::open_domain(inherited_transport_, &domain_, &domain_error_);
       if (domain_status_ == 0) log(1, "transport %s", domain_->caps().name);
       domain_opened_ = true;
     }
@@ -323,6 +324,7 @@ void Engine::fork_child() {
   e.table_.clear();
   for (auto &socket : e.closing_) abandoned->push_back(std::move(socket));
   e.closing_.clear();
+  if (e.domain_) e.inherited_transport_ = e.domain_->caps().name;
   (void)e.domain_.release();  // leaked with the sockets that point into it
   e.domain_opened_ = false;
   e.domain_status_ = 0;
@@ -336,7 +338,10 @@ void Engine::fork_child() {
   e.background_sleeping_ = false;
   forget_thread_waker_after_fork();
   e.stopping_ = false;
-  e.table_mu_.unlock();
+  // A fresh lock, not an unlock: glibc's rwlock knows its writer by thread id,
+  // which is the child's own now, so unlock() would take the parent's write
+  // lock for a read lock and leave it held (the next add() would hang).
+  new (&e.table_mu_) std::shared_mutex();
   e.closing_mu_.unlock();
   e.thread_mu_.unlock();
   e.domain_mu_.unlock();

@@ -70,6 +70,9 @@ class Engine {
   std::unique_ptr<wire::Domain> domain_;
   int domain_status_ = 0;
   std::string domain_error_;
+  // A forked child opens the transport its parent had, whatever its
+  // environment says by then (nginx clears its workers' environment).
+  std::string inherited_transport_;
 
   std::mutex thread_mu_;
   bool thread_started_ = false;

@@ -126,7 +126,10 @@ int StreamSocket::listen(int backlog) {
     local_addr_.ss_family = static_cast<sa_family_t>(family_);
     local_len_ = family_ == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
   }
-  int rc = domain_->listen(reinterpret_cast<sockaddr *>(&local_addr_), local_len_, backlog_, &listener_);
+  ListenOptions listen_options;
+  listen_options.v6only = family_ == AF_INET6 && v6only();
+  int rc =
+      domain_->listen(reinterpret_cast<sockaddr *>(&local_addr_), local_len_, backlog_, listen_options, &listener_);
   if (rc < 0) {
     const std::string detail = domain_->last_error_detail();
     return fail_locked(rc, detail.empty() ? "listen failed" : detail.c_str());

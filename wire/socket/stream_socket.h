@@ -36,6 +36,7 @@ struct SocketOptions {
   bool nodelay = false;
   bool oobinline = false;
   int keepidle_s = 0;  // 0: system default
+  int v6only = -1;     // IPV6_V6ONLY; -1: the system's default (net.ipv6.bindv6only)
   linger linger_opt{0, 0};
 };
 
@@ -88,6 +89,7 @@ class StreamSocket {
   void begin_close();
   bool close_finished();
   bool lingers() const { return options_.linger_opt.l_onoff != 0; }
+  int v6only() const;  // IPV6_V6ONLY in force (caller holds mu or owns the socket)
   // What went wrong last on this socket, in words ("" if nothing did).
   std::string error_text();
 

@@ -44,6 +44,20 @@ int system_keepalive_seconds() {
   return value;
 }
 
+// IPV6_V6ONLY in force: as set, else net.ipv6.bindv6only (0 unless changed).
+int StreamSocket::v6only() const {
+  if (options_.v6only >= 0) return options_.v6only;
+  static const int system = [] {
+    int value = 0;
+    if (FILE *f = std::fopen("/proc/sys/net/ipv6/bindv6only", "r")) {
+      if (std::fscanf(f, "%d", &value) != 1) value = 0;
+      std::fclose(f);
+    }
+    return value != 0;
+  }();
+  return system;
+}
+
 int StreamSocket::setsockopt(int level, int name, const void *val, socklen_t len) {
   std::lock_guard lock(mu_);
   int v = 0;
@@ -120,7 +134,13 @@ int StreamSocket::setsockopt(int level, int name, const void *val, socklen_t len
         return -ENOPROTOOPT;
     }
   }
-  if (level == IPPROTO_IPV6 && name == IPV6_V6ONLY) return 0;
+  if (level == IPPROTO_IPV6 && name == IPV6_V6ONLY) {
+    if (family_ != AF_INET6) return -ENOPROTOOPT;
+    if (int rc = get_value(val, len, &v); rc < 0) return rc;
+    if (role_ != Role::kNew && role_ != Role::kBound) return -EINVAL;  // as the kernel: before bind's effect
+    options_.v6only = v != 0;
+    return 0;
+  }
   if (level == IPPROTO_IP && name == IP_TOS) return 0;
   return -ENOPROTOOPT;
 }
@@ -175,6 +195,7 @@ int StreamSocket::getsockopt(int level, int name, void *val, socklen_t *len) {
         return -ENOPROTOOPT;
     }
   }
+  if (level == IPPROTO_IPV6 && name == IPV6_V6ONLY && family_ == AF_INET6) return put_value(val, len, v6only());
   if (level == SOL_RDMA) {
     switch (name) {
       case 0:

@@ -160,10 +160,7 @@ class VerbsEndpoint final : public Endpoint {
   }
 
   int poll_cm(CmEvent *out) override;
-  void disconnect() override {
-    if (id_ && connected_) rdma_disconnect(id_);  // DREQ; the QP goes to error
-    connected_ = false;
-  }
+  void disconnect() override { shut(); }
   uint32_t max_inline() const override { return max_inline_; }
   gs_status_t local_address(sockaddr_storage *out, socklen_t *len) const override {
     if (!id_) return -ENOTCONN;
@@ -185,6 +182,9 @@ class VerbsEndpoint final : public Endpoint {
  private:
   int init_wait();
   int create_qp();
+  int move_qp(ibv_qp_state state, uint8_t depth);
+  int ready_qp(uint8_t responder_resources, uint8_t initiator_depth);
+  void established(const rdma_cm_event &event, CmEvent *out);
   // One work completion as a Completion: 1, or 0 for the payload half of an
   // iWARP message (its send completes the token).
   int to_completion(const ibv_wc &wc, Completion *out) const {
@@ -208,9 +208,22 @@ class VerbsEndpoint final : public Endpoint {
     }
     return 1;
   }
+  // The QP to error (iWARP: SQD), as rdma_disconnect does to a QP of rdma_cm's,
+  // then the DREQ.
+  void shut() {
+    if (!id_ || !connected_) return;
+    connected_ = false;
+    if (qp_) set_qp_state(iwarp_ ? IBV_QPS_SQD : IBV_QPS_ERR);
+    rdma_disconnect(id_);
+  }
+  void set_qp_state(ibv_qp_state state) {
+    ibv_qp_attr a{};
+    a.qp_state = state;
+    ibv_modify_qp(qp_, &a, IBV_QP_STATE);
+  }
   void destroy() {
-    if (id_ && connected_) rdma_disconnect(id_);
-    if (qp_) rdma_destroy_qp(id_);
+    shut();
+    if (qp_) ibv_destroy_qp(qp_);
     qp_ = nullptr;
     if (cq_) ibv_destroy_cq(cq_);
     cq_ = nullptr;
@@ -280,12 +293,13 @@ int VerbsEndpoint::init_passive(VerbsRequest *request) {
 }
 
 int VerbsEndpoint::create_qp() {
-  if (id_->verbs != device_->context) return -EXDEV;  // registered memory belongs to the domain's device
+  // Registered memory belongs to the domain's device (its own context of it).
+  if (!id_->verbs || id_->verbs->device != device_->context->device) return -EXDEV;
   const auto &dev = device_->attr;
   const int max_wr = dev.max_qp_wr > 0 ? dev.max_qp_wr : 1024;
   const int send_depth = std::min<int>(static_cast<int>(attr_.send_depth), max_wr);
   const int recv_depth = std::min<int>(static_cast<int>(attr_.recv_depth), max_wr);
-  cq_ = ibv_create_cq(id_->verbs, send_depth + recv_depth, nullptr, comp_channel_, 0);
+  cq_ = ibv_create_cq(device_->context, send_depth + recv_depth, nullptr, comp_channel_, 0);
   if (!cq_) return -ENOMEM;
   ibv_qp_init_attr qa{};
   qa.send_cq = qa.recv_cq = cq_;
@@ -302,12 +316,42 @@ int VerbsEndpoint::create_qp() {
     msg_mr_ = ibv_reg_mr(device_->pd, msg_words_.data(), msg_words_.size() * sizeof(uint32_t), IBV_ACCESS_LOCAL_WRITE);
     if (!msg_mr_) return -ENOMEM;
   }
-  if (rdma_create_qp(id_, device_->pd, &qa)) return -errno;
-  qp_ = id_->qp;
-  max_inline_ = qa.cap.max_inline_data;  // what the provider granted
+  qp_ = ibv_create_qp(device_->pd, &qa);
+  if (!qp_) return errno ? -errno : -ENOMEM;
+  if (int rc = move_qp(IBV_QPS_INIT, 0); rc < 0) return rc;  // what rdma_create_qp does
+  max_inline_ = qa.cap.max_inline_data;                      // what the provider granted
   const uint32_t deferred = deferred_recvs_;
   deferred_recvs_ = 0;
   return deferred ? post_recv(deferred) : 0;
+}
+
+// The QP is ours, not rdma_cm's (verbs_transport.cc says why), so the state
+// changes rdma_cm makes to a QP of its own are made here, with the attributes
+// rdma_cm gives for the connection (rdma_init_qp_attr), as librdmacm makes them.
+int VerbsEndpoint::move_qp(ibv_qp_state state, uint8_t depth) {
+  ibv_qp_attr a{};
+  int mask = 0;
+  a.qp_state = state;
+  if (rdma_init_qp_attr(id_, &a, &mask)) return -errno;
+  if (state == IBV_QPS_RTR) {
+    ibv_port_attr port{};
+    // librdmacm's work-around for an rdma_ucm bug: RoCE's mask bits 21-24 off on InfiniBand.
+    if (ibv_query_port(device_->context, id_->port_num, &port) == 0 && port.link_layer == IBV_LINK_LAYER_INFINIBAND)
+      mask &= ~0xe00000;
+    if (depth != RDMA_MAX_RESP_RES) a.max_dest_rd_atomic = depth;
+  } else if (state == IBV_QPS_RTS && depth != RDMA_MAX_INIT_DEPTH) {
+    a.max_rd_atomic = depth;
+  }
+  const int rc = ibv_modify_qp(qp_, &a, mask);
+  return rc ? -rc : 0;
+}
+
+int VerbsEndpoint::ready_qp(uint8_t responder_resources, uint8_t initiator_depth) {
+  int rc = move_qp(IBV_QPS_INIT, 0);  // again: rdma_cm's values replace the defaults
+  if (rc == 0) rc = move_qp(IBV_QPS_RTR, responder_resources);
+  if (rc == 0) rc = move_qp(IBV_QPS_RTS, initiator_depth);
+  if (rc < 0) set_qp_state(IBV_QPS_ERR);
+  return rc;
 }
 
 int VerbsEndpoint::accept(VerbsRequest *request, const void *private_data, uint32_t private_len) {
@@ -315,8 +359,23 @@ int VerbsEndpoint::accept(VerbsRequest *request, const void *private_data, uint3
   rdma_conn_param param = request->param();
   param.private_data = private_data;
   param.private_data_len = static_cast<uint8_t>(private_len);
-  if (rdma_accept(id_, &param)) return -errno;
+  param.qp_num = qp_->qp_num;
+  param.srq = 0;
+  if (int rc = ready_qp(param.responder_resources, param.initiator_depth); rc < 0) return rc;
+  if (rdma_accept(id_, &param)) {
+    const int rc = -errno;
+    set_qp_state(IBV_QPS_ERR);
+    return rc;
+  }
   return 0;
+}
+
+void VerbsEndpoint::established(const rdma_cm_event &event, CmEvent *out) {
+  connected_ = true;
+  out->kind = CmEventKind::kEstablished;
+  const auto &conn = event.param.conn;
+  out->peer_private_len = std::min<uint32_t>(conn.private_data_len, sizeof out->peer_private_data);
+  if (conn.private_data) std::memcpy(out->peer_private_data, conn.private_data, out->peer_private_len);
 }
 
 // The verbs way to sleep: take the notifications already delivered, re-arm
@@ -365,6 +424,7 @@ int VerbsEndpoint::poll_cm(CmEvent *out) {
       int rc = create_qp();
       if (rc == 0) {
         rdma_conn_param param = rsocket_conn_param(private_, private_len_, iwarp_);
+        param.qp_num = qp_->qp_num;
         if (rdma_connect(id_, &param)) rc = -errno;
       }
       if (rc < 0) {
@@ -378,19 +438,29 @@ int VerbsEndpoint::poll_cm(CmEvent *out) {
       }
       break;
     }
-    case RDMA_CM_EVENT_ESTABLISHED: {
-      connected_ = true;
-      out->kind = CmEventKind::kEstablished;
-      const auto &conn = event->param.conn;
-      out->peer_private_len = std::min<uint32_t>(conn.private_data_len, sizeof out->peer_private_data);
-      if (conn.private_data) std::memcpy(out->peer_private_data, conn.private_data, out->peer_private_len);
+    case RDMA_CM_EVENT_CONNECT_RESPONSE: {
+      // The server accepted: with a QP of our own rdma_cm leaves readying it
+      // and the RTU (rdma_establish) to us, as librdmacm does for its own QPs.
+      int rc = ready_qp(RDMA_MAX_RESP_RES, RDMA_MAX_INIT_DEPTH);
+      if (rc == 0 && rdma_establish(id_)) rc = -errno;
+      if (rc < 0) {
+        set_qp_state(IBV_QPS_ERR);
+        out->kind = CmEventKind::kRejected;
+        out->status = rc;
+        out->reason = "could not make the queue pair ready for the accepted connection";
+      } else {
+        established(*event, out);
+      }
       break;
     }
+    case RDMA_CM_EVENT_ESTABLISHED:  // the server's side (the client's comes as CONNECT_RESPONSE)
+      if (connected_) result = 0;
+      else established(*event, out);
+      break;
     case RDMA_CM_EVENT_DISCONNECTED:
       out->kind = CmEventKind::kDisconnected;
       out->status = -ECONNRESET;
-      if (connected_) rdma_disconnect(id_);
-      connected_ = false;
+      shut();
       break;
     case RDMA_CM_EVENT_DEVICE_REMOVAL:
       out->kind = CmEventKind::kError;

@@ -68,6 +68,7 @@ class VerbsDomain final : public Domain {
  public:
   ~VerbsDomain() override {
     if (device_.pd) ibv_dealloc_pd(device_.pd);
+    if (device_.context) ibv_close_device(device_.context);
     if (devices_) rdma_free_devices(devices_);
   }
 
@@ -81,12 +82,24 @@ class VerbsDomain final : public Domain {
       return -ENODEV;
     }
     const char *wanted = std::getenv("GPUSOCK_VERBS_DEVICE");
-    ibv_context *&context = device_.context;
-    for (int i = 0; i < n && !context; ++i)
-      if (!wanted || !std::strcmp(ibv_get_device_name(devices_[i]->device), wanted)) context = devices_[i];
-    if (!context) {
+    ibv_device *device = nullptr;
+    for (int i = 0; i < n && !device; ++i)
+      if (!wanted || !std::strcmp(ibv_get_device_name(devices_[i]->device), wanted)) device = devices_[i]->device;
+    if (!device) {
       *error = std::string("gpusock: GPUSOCK_VERBS_DEVICE=") + wanted + " names no RDMA device";
       return -ENODEV;
+    }
+    // A device context of our own, not rdma_cm's. rdma_cm opens each device
+    // once per program image, so a forked child (a pre-fork worker) would make
+    // its queue pairs in its parent's context, and the kernel refuses write()
+    // commands on a uverbs file opened by another process (EACCES: rxe rings
+    // its send doorbell that way). The queue pairs are ours; rdma_cm only
+    // carries the connection (verbs_endpoint.cc).
+    ibv_context *&context = device_.context;
+    context = ibv_open_device(device);
+    if (!context) {
+      *error = std::string("gpusock: ibv_open_device(") + ibv_get_device_name(device) + ") failed";
+      return errno ? -errno : -ENODEV;
     }
     // iWARP has no write-with-immediate: rsocket's RS_OPT_MSG_SEND variant (§2.11).
     if (context->device->transport_type == IBV_TRANSPORT_IWARP) caps_.write_with_imm = false;
