@@ -13,6 +13,7 @@
 #include <errno.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cstdio>
@@ -23,6 +24,18 @@
 #endif
 
 namespace gpusock {
+
+#if defined(__CUDACC__)
+namespace detail {
+// Kernels that wait on each other (a GPU listener spinning while another
+// kernel connects to it) need every kernel loaded before the first one runs:
+// under CUDA's lazy loading (the default since CUDA 12.2) the second launch
+// loads its kernel first, which waits for the running kernel, which waits for
+// the second: a deadlock until a timeout. Set before the driver starts, at
+// program start; a value the user exported wins.
+__attribute__((constructor, used)) static void eager_module_loading() { setenv("CUDA_MODULE_LOADING", "EAGER", 0); }
+}  // namespace detail
+#endif
 
 enum class Backend : uint8_t { kHost, kCuda };
 
