@@ -100,14 +100,16 @@ inline int echo_server(const sockaddr_in &at, EchoOnClose on_close) {
 }
 
 // Accepts `count` connections one after the other; reads each to EOF
-// (sleeping delay_us after every read of at most 4 KiB, if delay_us > 0),
+// (sleeping delay_us after every read of at most 4 KiB, if delay_us > 0;
+// reading nothing for stall_ms after the accept, if stall_ms > 0),
 // replies "<bytes> <fnv64>", half-closes and waits for the client's close.
-inline int sink_server(const sockaddr_in &at, int count, int delay_us) {
+inline int sink_server(const sockaddr_in &at, int count, int delay_us, int stall_ms = 0) {
   const int lfd = listen_or_die(at, 0);
   std::vector<uint8_t> buf(delay_us > 0 ? 4096 : (1 << 20));
   for (int i = 0; i < count; ++i) {
     const int c = gs_accept(lfd, nullptr, nullptr);
     if (c < 0) die(3, "accept", c);
+    if (stall_ms > 0) usleep(static_cast<useconds_t>(stall_ms) * 1000);
     uint64_t bytes = 0;
     Fnv1a sum;
     for (;;) {
@@ -126,6 +128,18 @@ inline int sink_server(const sockaddr_in &at, int count, int delay_us) {
     while (gs_recv(c, tmp, sizeof tmp, 0) > 0) {}
     gs_close(c);
   }
+  gs_close(lfd);
+  return 0;
+}
+
+// Listens with `backlog` and accepts nothing until SIGTERM.
+inline int idle_listener(const sockaddr_in &at, int backlog) {
+  const char *call = "";
+  const int lfd = listen_on(at, backlog, 0, &call);
+  if (lfd < 0) die(2, call, lfd);
+  std::printf("listening\n");
+  std::fflush(stdout);
+  while (!g_peer_stop) usleep(10000);
   gs_close(lfd);
   return 0;
 }
