@@ -343,4 +343,15 @@ int next_valid_request(Listener &listener, std::unique_ptr<ConnectionRequest> *r
   }
 }
 
+int refuse_pending_requests(Listener &listener) {
+  int refused = 0;
+  std::unique_ptr<ConnectionRequest> request;
+  while (listener.get_request(&request) > 0) {
+    request->reject();
+    request.reset();
+    ++refused;
+  }
+  return refused;
+}
+
 }  // namespace gpusock::wire
