@@ -375,8 +375,18 @@ int StreamSocket::wait_locked(std::unique_lock<std::mutex> &lock, Pred ready, in
 }
 
 // What to sleep on: the listener and its handshakes in flight, or the
-// connection's endpoint; each armed first (Endpoint::arm_wait).
+// connection's endpoint; each armed first (Endpoint::arm_wait). Several
+// threads may sleep on one endpoint (a blocked call and the engine's
+// background thread), and an endpoint's wake-up is one: a thread whose
+// arming finds it pending (it drained the wake-up, or disarmed after
+// looking) wakes the socket's other sleepers, which would miss it.
 Armed StreamSocket::arm_wait_fds_locked(std::vector<pollfd> *fds) {
+  const Armed armed = arm_endpoints_locked(fds);
+  if (armed == Armed::kPending) wake_sleepers_locked();
+  return armed;
+}
+
+Armed StreamSocket::arm_endpoints_locked(std::vector<pollfd> *fds) {
   Armed result = Armed::kSleep;
   const auto add = [&](auto *source) {
     const int fd = source->wait_fd();

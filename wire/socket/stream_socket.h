@@ -106,6 +106,7 @@ class StreamSocket {
   bool progress_locked();
   bool accept_requests_locked();
   Armed arm_wait_fds_locked(std::vector<pollfd> *fds);
+  Armed arm_endpoints_locked(std::vector<pollfd> *fds);
   short ready_events_locked(short requested);
   void wake_sleepers_locked() {
     if (!sleepers_.empty()) sleepers_.wake_all();
