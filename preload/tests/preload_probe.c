@@ -208,7 +208,10 @@ static int serve_request(int fd, const char *who) {
   hdr[i] = 0;
   size_t len = strtoul(hdr, NULL, 10);
   unsigned char *buf = malloc(len + 1);
-  if (read_all(fd, buf, len) < 0) return -1;
+  if (read_all(fd, buf, len) < 0) {
+    free(buf);
+    return -1;
+  }
   char reply[64];
   int n =
       snprintf(reply, sizeof reply, "OK %016llx %s\n", (unsigned long long)fnv(buf, len, 1469598103934665603ull), who);
@@ -300,6 +303,8 @@ static int fork_client(int port, size_t bytes, const char *expect_who) {
   char c;
   CHECK(read(fd, &c, 1) == 0, "fork-client: EOF when the child closed");
   close(fd);
+  free(buf);
+  free(back);
   return failures;
 }
 
