@@ -8,6 +8,7 @@
 // GPUSOCK_TRANSPORT=verbs build/reliability/reliability_fault_tests
 #include "test-support/checksum.h"
 #include "test-support/gs_sockets.h"
+#include "test-support/peer_modes.h"
 #include "test-support/peer_process.h"
 #include "test-support/resources.h"
 
@@ -257,13 +258,7 @@ void stalled_reader(bool nonblocking) {
   EXPECT_LT(during_stall, kTotal / 2) << "the stalled path took far more than its buffers";
   EXPECT_LT(peak_rss - base.rss_kib, 64 * 1024) << "memory grew while the peer did not read";
   ASSERT_EQ(gs_shutdown(fd, SHUT_WR), 0);
-  char reply[64] = {};
-  size_t got = 0;
-  for (ssize_t k; got < sizeof reply - 1 && (k = gs_recv(fd, reply + got, sizeof reply - 1 - got, 0)) > 0;)
-    got += static_cast<size_t>(k);
-  char expect[64];
-  std::snprintf(expect, sizeof expect, "%" PRIu64 " %016" PRIx64, kTotal, sum.h);
-  EXPECT_STREQ(reply, expect);
+  EXPECT_EQ(read_sink_reply(fd), sink_reply(kTotal, sum.h));
   gs_close(fd);
   std::printf("stalled reader (%s, %" PRIu64 " ms): %" PRIu64 " bytes taken while it did not read, %" PRIu64
               " EAGAINs, resident memory +%ld KiB; then all %" PRIu64 " bytes delivered intact\n",

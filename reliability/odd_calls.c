@@ -20,27 +20,9 @@
 #include <time.h>
 #include <unistd.h>
 
-static int failures;
+#include "preload/tests/probe_check.h"
+
 static int port;
-
-#define CHECK(cond, ...)                                           \
-  do {                                                             \
-    if (cond) {                                                    \
-      printf("ok: " __VA_ARGS__);                                  \
-    } else {                                                       \
-      printf("FAIL: " __VA_ARGS__);                                \
-      printf("   (line %d, errno %s)", __LINE__, strerror(errno)); \
-      ++failures;                                                  \
-    }                                                              \
-    printf("\n");                                                  \
-    fflush(stdout);                                                \
-  } while (0)
-
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
 
 static int connect_echo(void) {
   struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};

@@ -7,6 +7,7 @@
 // issue's 1,000 connections and 10 GiB under the label "slow".
 #include "test-support/checksum.h"
 #include "test-support/gs_sockets.h"
+#include "test-support/peer_modes.h"
 #include "test-support/peer_process.h"
 #include "test-support/resources.h"
 
@@ -132,13 +133,8 @@ void stream(int port, uint64_t bytes, uint64_t seed, Tally *t) {
     t->streamed += n;
   }
   gs_shutdown(fd, SHUT_WR);
-  char reply[64] = {};
-  size_t got = 0;
-  for (ssize_t k; got < sizeof reply - 1 && (k = gs_recv(fd, reply + got, sizeof reply - 1 - got, 0)) > 0;)
-    got += static_cast<size_t>(k);
-  char expect[64];
-  std::snprintf(expect, sizeof expect, "%" PRIu64 " %016" PRIx64, bytes, sum.h);
-  if (std::strcmp(reply, expect) != 0) t->fail(std::string("sink replied '") + reply + "', expected '" + expect + "'");
+  const std::string reply = read_sink_reply(fd), expect = sink_reply(bytes, sum.h);
+  if (reply != expect) t->fail("sink replied '" + reply + "', expected '" + expect + "'");
   gs_close(fd);
 }
 

@@ -99,6 +99,22 @@ inline int echo_server(const sockaddr_in &at, EchoOnClose on_close) {
   return 0;
 }
 
+// A sink's reply for `bytes` bytes whose FNV-1a 64 is `fnv`: "<bytes> <fnv64>".
+inline std::string sink_reply(uint64_t bytes, uint64_t fnv) {
+  char reply[64];
+  std::snprintf(reply, sizeof reply, "%" PRIu64 " %016" PRIx64, bytes, fnv);
+  return reply;
+}
+
+// What a sink replies, read to its EOF (at most 63 bytes): after SHUT_WR.
+inline std::string read_sink_reply(int fd) {
+  char reply[64] = {};
+  size_t got = 0;
+  for (ssize_t k; got < sizeof reply - 1 && (k = gs_recv(fd, reply + got, sizeof reply - 1 - got, 0)) > 0;)
+    got += static_cast<size_t>(k);
+  return reply;
+}
+
 // Accepts `count` connections one after the other; reads each to EOF
 // (sleeping delay_us after every read of at most 4 KiB, if delay_us > 0;
 // reading nothing for stall_ms after the accept, if stall_ms > 0),
@@ -120,9 +136,8 @@ inline int sink_server(const sockaddr_in &at, int count, int delay_us, int stall
       bytes += static_cast<uint64_t>(n);
       if (delay_us > 0) usleep(static_cast<useconds_t>(delay_us));
     }
-    char reply[64];
-    const int len = std::snprintf(reply, sizeof reply, "%" PRIu64 " %016" PRIx64, bytes, sum.h);
-    send_all(c, reply, static_cast<size_t>(len));
+    const std::string reply = sink_reply(bytes, sum.h);
+    send_all(c, reply.data(), reply.size());
     gs_shutdown(c, SHUT_WR);
     char tmp[16];
     while (gs_recv(c, tmp, sizeof tmp, 0) > 0) {}

@@ -40,27 +40,9 @@
 #include <time.h>
 #include <unistd.h>
 
-static int failures;
+#include "probe_check.h"
+
 static const char *self_path;
-
-#define CHECK(cond, ...)                                                   \
-  do {                                                                     \
-    if (cond) {                                                            \
-      printf("ok: " __VA_ARGS__);                                          \
-    } else {                                                               \
-      printf("FAIL: " __VA_ARGS__);                                        \
-      printf("   (%s:%d, errno %s)", __FILE__, __LINE__, strerror(errno)); \
-      ++failures;                                                          \
-    }                                                                      \
-    printf("\n");                                                          \
-    fflush(stdout);                                                        \
-  } while (0)
-
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
 
 static uint64_t fnv(const unsigned char *p, size_t n, uint64_t h) {
   for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
