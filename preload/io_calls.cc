@@ -38,6 +38,7 @@ ssize_t gs_input(int fd, int flags, F call) {
     if (r != -EAGAIN) return libc_result(r);
     const int w = blocking_wait(fd, POLLIN, limit);
     if (w < 0) return libc_result<ssize_t>(w);
+    if (!is_gs(fd)) return libc_result<ssize_t>(-EBADF);  // closed by another thread meanwhile
   }
 }
 
@@ -115,8 +116,8 @@ ssize_t send_iov(int fd, const iovec *iov, int iovcnt, int flags) {
       if (r == 0 && total == 0) break;
       if (r != -EAGAIN) break;
       const int w = blocking_wait(fd, POLLOUT, limit);
-      if (w < 0) {
-        r = w;
+      if (w < 0 || !is_gs(fd)) {  // or closed by another thread meanwhile
+        r = w < 0 ? w : -EBADF;
         break;
       }
     }

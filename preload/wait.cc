@@ -31,8 +31,12 @@ int emulated_poll(pollfd *fds, nfds_t nfds, const timespec *timeout, const sigse
     if (!gs.empty()) {
       Inside guard;
       gs_poll(gs.data(), gs.size(), 0);
-      for (size_t k = 0; k < gs.size(); ++k)
+      for (size_t k = 0; k < gs.size(); ++k) {
+        // Closed by another thread while we waited (its number may be another
+        // file's already): what poll says of a closed fd.
+        if (!is_gs(gs[k].fd)) gs[k].revents = POLLNVAL;
         if ((fds[gs_index[k]].revents = gs[k].revents)) ++ready;
+      }
     }
     if (!kern.empty()) {
       const int n = R.poll(kern.data(), kern.size(), 0);
@@ -62,6 +66,15 @@ int sleep_on_events(const std::vector<pollfd> &gs, const std::vector<pollfd> &ke
       errno = -n;
       return -1;
     }
+    // A socket closed by another thread before gs_wait_begin saw it was left
+    // out of the sleep, and its close woke nobody: look again (POLLNVAL).
+    // After this check a close still to come wakes us (the shim forgets the
+    // fd before gpusock closes the socket).
+    for (const pollfd &p : gs)
+      if (!is_gs(p.fd)) {
+        gs_wait_end(gs.data(), gs.size());
+        return 0;
+      }
   }
   fds.resize(static_cast<size_t>(n));
   fds.insert(fds.end(), kern.begin(), kern.end());

@@ -77,6 +77,8 @@ bool Proxy::Impl::progress_listener(uint32_t index, Slot &slot) {
     }
     ls.accepting.push_back(std::move(child));
   }
+  if (ls.accepting.size() + ls.queue.size() >= static_cast<size_t>(ls.backlog))
+    did |= wire::refuse_pending_requests(*ls.listener) > 0;
   publish_slot(index);
   return did;
 }

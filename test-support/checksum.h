@@ -49,6 +49,15 @@ GS_HD uint8_t pattern_byte(uint64_t i, uint64_t seed) {
   return static_cast<uint8_t>(pattern_word(i >> 3, seed) >> ((i & 7) * 8));
 }
 
+// Bytes [off, off + n) of the pattern with `seed`, off a multiple of 8: a
+// word at a time, for streams of gigabytes.
+GS_HD void fill_pattern(uint8_t *p, size_t n, uint64_t off, uint64_t seed) {
+  for (size_t i = 0; i < n; i += 8) {
+    const uint64_t w = pattern_word((off + i) >> 3, seed);
+    for (size_t b = 0; b < 8 && i + b < n; ++b) p[i + b] = static_cast<uint8_t>(w >> (b * 8));
+  }
+}
+
 // The pattern as a stream, written or checked in pieces of any size: each
 // call goes on where the previous one stopped.
 class PatternStream {

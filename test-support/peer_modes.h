@@ -99,15 +99,33 @@ inline int echo_server(const sockaddr_in &at, EchoOnClose on_close) {
   return 0;
 }
 
+// A sink's reply for `bytes` bytes whose FNV-1a 64 is `fnv`: "<bytes> <fnv64>".
+inline std::string sink_reply(uint64_t bytes, uint64_t fnv) {
+  char reply[64];
+  std::snprintf(reply, sizeof reply, "%" PRIu64 " %016" PRIx64, bytes, fnv);
+  return reply;
+}
+
+// What a sink replies, read to its EOF (at most 63 bytes): after SHUT_WR.
+inline std::string read_sink_reply(int fd) {
+  char reply[64] = {};
+  size_t got = 0;
+  for (ssize_t k; got < sizeof reply - 1 && (k = gs_recv(fd, reply + got, sizeof reply - 1 - got, 0)) > 0;)
+    got += static_cast<size_t>(k);
+  return reply;
+}
+
 // Accepts `count` connections one after the other; reads each to EOF
-// (sleeping delay_us after every read of at most 4 KiB, if delay_us > 0),
+// (sleeping delay_us after every read of at most 4 KiB, if delay_us > 0;
+// reading nothing for stall_ms after the accept, if stall_ms > 0),
 // replies "<bytes> <fnv64>", half-closes and waits for the client's close.
-inline int sink_server(const sockaddr_in &at, int count, int delay_us) {
+inline int sink_server(const sockaddr_in &at, int count, int delay_us, int stall_ms = 0) {
   const int lfd = listen_or_die(at, 0);
   std::vector<uint8_t> buf(delay_us > 0 ? 4096 : (1 << 20));
   for (int i = 0; i < count; ++i) {
     const int c = gs_accept(lfd, nullptr, nullptr);
     if (c < 0) die(3, "accept", c);
+    if (stall_ms > 0) usleep(static_cast<useconds_t>(stall_ms) * 1000);
     uint64_t bytes = 0;
     Fnv1a sum;
     for (;;) {
@@ -118,14 +136,25 @@ inline int sink_server(const sockaddr_in &at, int count, int delay_us) {
       bytes += static_cast<uint64_t>(n);
       if (delay_us > 0) usleep(static_cast<useconds_t>(delay_us));
     }
-    char reply[64];
-    const int len = std::snprintf(reply, sizeof reply, "%" PRIu64 " %016" PRIx64, bytes, sum.h);
-    send_all(c, reply, static_cast<size_t>(len));
+    const std::string reply = sink_reply(bytes, sum.h);
+    send_all(c, reply.data(), reply.size());
     gs_shutdown(c, SHUT_WR);
     char tmp[16];
     while (gs_recv(c, tmp, sizeof tmp, 0) > 0) {}
     gs_close(c);
   }
+  gs_close(lfd);
+  return 0;
+}
+
+// Listens with `backlog` and accepts nothing until SIGTERM.
+inline int idle_listener(const sockaddr_in &at, int backlog) {
+  const char *call = "";
+  const int lfd = listen_on(at, backlog, 0, &call);
+  if (lfd < 0) die(2, call, lfd);
+  std::printf("listening\n");
+  std::fflush(stdout);
+  while (!g_peer_stop) usleep(10000);
   gs_close(lfd);
   return 0;
 }

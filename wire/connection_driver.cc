@@ -23,6 +23,14 @@ uint8_t *alloc_page_aligned(size_t size) {
   return static_cast<uint8_t *>(p);
 }
 
+// How the application hears of a transport failing an established
+// connection: libfabric's tcp provider reports what fails on a reset socket
+// (a post, a completion) as FI_ENOTCONN, but to the application the
+// connection was reset, not never connected. (Before it was established, ENOTCONN stays.)
+gs_status_t lost_status(gs_status_t status, bool established) {
+  return established && status == -ENOTCONN ? -ECONNRESET : status;
+}
+
 }  // namespace
 
 gs_status_t ConnectionDriver::setup(ConnectionRequest *request, const DriverConfig &config) {
@@ -206,7 +214,7 @@ bool ConnectionDriver::poll_completions() {
   for (;;) {
     const int n = endpoint_->poll(comps, kPollBatch);
     if (n < 0) {
-      core_.on_transport_closed(n);
+      core_.on_transport_closed(lost_status(n, established_));
       return true;
     }
     if (n == 0) return did;
@@ -214,9 +222,9 @@ bool ConnectionDriver::poll_completions() {
     for (int i = 0; i < n; ++i) {
       const Completion &c = comps[i];
       if (c.kind == CompletionKind::kWriteDone) {
-        core_.on_write_done(c.token, c.status);
+        core_.on_write_done(c.token, lost_status(c.status, established_));
       } else if (c.status < 0) {
-        core_.on_transport_closed(c.status);
+        core_.on_transport_closed(lost_status(c.status, established_));
       } else if (core_.on_recv_imm(c.imm, c.length) < 0) {
         // A protocol violation ends this connection only: cut the peer off now.
         if (sink_) sink_(owner_, core_.error(), core_.error_reason());
@@ -264,7 +272,7 @@ bool ConnectionDriver::post_actions() {
     const gs_status_t rc = post_action(a);
     if (rc == -EAGAIN) break;  // the transport's queue is full: retry on the next pass
     if (rc < 0) {
-      core_.on_transport_closed(rc);
+      core_.on_transport_closed(lost_status(rc, established_));
       return true;
     }
     core_.commit_action(a);
@@ -341,6 +349,17 @@ int next_valid_request(Listener &listener, std::unique_ptr<ConnectionRequest> *r
     (*request)->reject();  // §1.5 step 3: a bad record is rejected with no data
     request->reset();
   }
+}
+
+int refuse_pending_requests(Listener &listener) {
+  int refused = 0;
+  std::unique_ptr<ConnectionRequest> request;
+  while (listener.get_request(&request) > 0) {
+    request->reject();
+    request.reset();
+    ++refused;
+  }
+  return refused;
 }
 
 }  // namespace gpusock::wire

@@ -133,4 +133,9 @@ class ConnectionDriver {
 int next_valid_request(Listener &listener, std::unique_ptr<ConnectionRequest> *request, ConnRecord *peer,
                        ErrorSink sink, void *owner);
 
+// Refuses every request waiting in a listener whose backlog is full; returns
+// how many. rdma_cm refuses a connection beyond the backlog (the client's
+// connect fails with ECONNREFUSED) rather than leave it waiting for room.
+int refuse_pending_requests(Listener &listener);
+
 }  // namespace gpusock::wire

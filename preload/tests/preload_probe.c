@@ -40,29 +40,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "probe_check.h"
 #include "probe_io.h"
 
-static int failures;
 static const char *self_path;
-
-#define CHECK(cond, ...)                                                   \
-  do {                                                                     \
-    if (cond) {                                                            \
-      printf("ok: " __VA_ARGS__);                                          \
-    } else {                                                               \
-      printf("FAIL: " __VA_ARGS__);                                        \
-      printf("   (%s:%d, errno %s)", __FILE__, __LINE__, strerror(errno)); \
-      ++failures;                                                          \
-    }                                                                      \
-    printf("\n");                                                          \
-    fflush(stdout);                                                        \
-  } while (0)
-
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
 
 static uint64_t fnv(const unsigned char *p, size_t n, uint64_t h) {
   for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
@@ -198,7 +179,10 @@ static int serve_request(int fd, const char *who) {
   hdr[i] = 0;
   size_t len = strtoul(hdr, NULL, 10);
   unsigned char *buf = malloc(len + 1);
-  if (read_all(fd, buf, len) < 0) return -1;
+  if (read_all(fd, buf, len) < 0) {
+    free(buf);
+    return -1;
+  }
   char reply[64];
   int n =
       snprintf(reply, sizeof reply, "OK %016llx %s\n", (unsigned long long)fnv(buf, len, 1469598103934665603ull), who);
@@ -290,6 +274,8 @@ static int fork_client(int port, size_t bytes, const char *expect_who) {
   char c;
   CHECK(read(fd, &c, 1) == 0, "fork-client: EOF when the child closed");
   close(fd);
+  free(buf);
+  free(back);
   return failures;
 }
 

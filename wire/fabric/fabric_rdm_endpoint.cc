@@ -74,6 +74,11 @@ RdmEndpoint::~RdmEndpoint() {
     remove_peer(shared_->av, &peer_);
     remove_peer(shared_->av, &listener_);
   }
+  // A killed peer cannot unlink its endpoint's files; its connected peer
+  // does, also when the connection ended (a failed write, a reset) before
+  // the death was seen (peer_gone). One read of /proc per connection.
+  if (!peer_name_.empty() && (peer_died_ || !shm::endpoint_owner_alive(peer_name_)))
+    shm::unlink_endpoint_files(peer_name_);
   unwatch();
   retire_shared(shared_, domain_->ringer());
 }

@@ -23,6 +23,10 @@ void RdmEndpoint::unwatch() {
 }
 
 void RdmEndpoint::peer_gone(bool dead_process) {
+  // An endpoint gone without a BYE may be a process that died before the
+  // watchdog said so: then it is a dead process here too (its files are ours
+  // to remove, and no provider call may touch the connection again).
+  dead_process = dead_process || (!peer_name_.empty() && !shm::endpoint_owner_alive(peer_name_));
   const bool established = state_ == State::kEstablished;
   queue_event(established ? CmEventKind::kDisconnected : CmEventKind::kError, -ECONNRESET);
   state_ = State::kClosed;

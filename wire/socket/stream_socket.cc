@@ -254,6 +254,12 @@ bool StreamSocket::accept_requests_locked() {
     child->role_ = Role::kAccepting;
     accepting_.push_back(std::move(child));
   }
+  if (accepting_.size() + accept_queue_.size() >= static_cast<size_t>(backlog_)) {
+    if (const int refused = refuse_pending_requests(*listener_); refused > 0) {
+      Engine::get().log(1, "backlog of %d full: %d connection(s) refused", backlog_, refused);
+      did = true;
+    }
+  }
   return did;
 }
 

@@ -4,6 +4,8 @@
 //   echo  PORT          poll-driven, non-blocking echo server for many clients
 //   sink  PORT          accept one connection, read to EOF, reply "<bytes> <fnv64>"
 //   blast PORT          connect and send a pattern until killed
+//   stall PORT MS       sink, but read nothing for MS after the accept
+//   listen PORT BACKLOG listen with BACKLOG, accept nothing; "listening" on stdout
 #include "test-support/peer_modes.h"
 
 #include <cstdlib>
@@ -14,13 +16,15 @@ using namespace gpusock::test;
 int main(int argc, char **argv) {
   peer_signals();
   if (argc < 3) {
-    std::fprintf(stderr, "usage: %s echo|sink|blast PORT\n", argv[0]);
+    std::fprintf(stderr, "usage: %s echo|sink|blast|stall|listen PORT [ARG]\n", argv[0]);
     return 1;
   }
   const std::string mode = argv[1];
   const sockaddr_in at = test_address(std::atoi(argv[2]));
   if (mode == "echo") return echo_server(at, EchoOnClose::kFinishEcho);
   if (mode == "sink") return sink_server(at, 1, 0);
+  if (mode == "stall" && argc > 3) return sink_server(at, 1, 0, std::atoi(argv[3]));
+  if (mode == "listen" && argc > 3) return idle_listener(at, std::atoi(argv[3]));
   if (mode == "blast") {
     const int fd = connect_retry(at, RetryPolicy{.seconds = 5, .pause_ms = 10, .any_error = true});
     return fd < 0 ? 5 : blast(fd);

@@ -1,0 +1,80 @@
+// What a process holds, counted from /proc and /dev/shm: open fds, threads,
+// /dev/shm entries (every process's, shm regions and bells) and resident
+// memory. Soak and fault tests take a baseline, run, and check that the
+// counts came back to it (closes finish in the background, so they wait).
+#pragma once
+
+#include <dirent.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "test-support/timing.h"
+
+namespace gpusock::test {
+
+// Entries of a folder, "." and ".." not counted; -1 if it cannot be read.
+inline int count_entries(const char *dir) {
+  DIR *d = opendir(dir);
+  if (!d) return -1;
+  int n = 0;
+  while (const dirent *e = readdir(d))
+    if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) ++n;
+  closedir(d);
+  return n;
+}
+
+// A line "Name:  value kB" of /proc/self/status, as a number; -1 if absent.
+inline long proc_status_value(const char *name) {
+  FILE *f = std::fopen("/proc/self/status", "r");
+  if (!f) return -1;
+  char line[256];
+  long value = -1;
+  const size_t len = std::strlen(name);
+  while (std::fgets(line, sizeof line, f))
+    if (std::strncmp(line, name, len) == 0 && line[len] == ':') {
+      value = std::strtol(line + len + 1, nullptr, 10);
+      break;
+    }
+  std::fclose(f);
+  return value;
+}
+
+struct Resources {
+  int fds = 0;      // open fds of this process (the count's own dir fd excluded)
+  int threads = 0;  // threads of this process
+  int shm = 0;      // entries in /dev/shm
+  long rss_kib = 0;
+
+  static Resources now() {
+    Resources r;
+    r.fds = count_entries("/proc/self/fd") - 1;
+    r.threads = count_entries("/proc/self/task");
+    r.shm = count_entries("/dev/shm");
+    r.rss_kib = proc_status_value("VmRSS");
+    return r;
+  }
+  // fds, threads and /dev/shm entries no more than in `base` (memory is not
+  // compared: allocators keep freed memory).
+  bool within(const Resources &base) const { return fds <= base.fds && threads <= base.threads && shm <= base.shm; }
+  std::string describe() const {
+    return std::to_string(fds) + " fds, " + std::to_string(threads) + " threads, " + std::to_string(shm) +
+           " /dev/shm entries, " + std::to_string(rss_kib / 1024) + " MiB resident";
+  }
+};
+
+// Waits up to `seconds` for the counts to come back within `base`; the last
+// sample goes to *last.
+inline bool back_to_baseline(const Resources &base, double seconds, Resources *last) {
+  const Deadline deadline(seconds);
+  for (;;) {
+    *last = Resources::now();
+    if (last->within(base) || deadline.passed()) return last->within(base);
+    usleep(20000);
+  }
+}
+
+}  // namespace gpusock::test
