@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# iperf3 client and server both under the shim: the sender reports exactly the
-# bytes it was asked to send, both ends agree on what the receiver counted, and
-# the receiver counted all of it except what was still in flight when the
-# client ended the test.
+# iperf3 client and server both under the shim: the sender reports the bytes it
+# was asked to send (or up to a burst more, see below), both ends agree on what
+# the receiver counted, and the receiver counted all of it except what was
+# still in flight when the client ended the test.
 #   iperf3_test.sh TRANSPORT PORT
 source "$(dirname "$0")/lib.sh"
 need iperf3 python3
@@ -40,7 +40,12 @@ sent = c["end"]["sum_sent"]["bytes"]
 recv_client_view = c["end"]["sum_received"]["bytes"]
 recv_server = s["end"]["sum_received"]["bytes"]
 window = 2 * 128 * 1024
-check(sent == want, f"sender reports {sent} bytes sent (asked for {want})")
+# iperf3's -n is "at least N bytes": the client checks the limit between its
+# writes, so it may send a few more 128 KiB blocks (esnet/iperf#768, #1800;
+# seen once in CI over fabric:tcp as one extra block). What must hold
+# for gpusock is that the receiver counts what the sender sent, checked below.
+burst = 10 * 128 * 1024
+check(want <= sent <= want + burst, f"sender reports {sent} bytes sent (asked for {want}, at most {burst} more)")
 check(recv_server == recv_client_view, f"receiver's count {recv_server} is the same in both reports")
 check(0 <= sent - recv_server <= window,
       f"receiver counted {recv_server} bytes: all but {sent - recv_server} (<= {window}, gpusock's rings) in flight at TEST_END")
