@@ -36,8 +36,10 @@ struct FdSlot {
   // Bumped by receive calls and by waits for readability: a fork relay passes
   // incoming data to the child only while the parent leaves the socket alone.
   std::atomic<uint32_t> rtouch{0};
-  std::atomic<uint64_t> ino{0};        // kTransport: the file's inode, to know it is still the same file
-  std::atomic<uint16_t> accepting{0};  // threads blocked in accept() on it (listeners.h)
+  std::atomic<uint64_t> ino{0};  // kTransport: the file's inode, to know it is still the same file
+  // Threads blocked in accept() on it, or in poll/select with it (listeners.h:
+  // a listener waited on is in use, also when a signal handler forks meanwhile).
+  std::atomic<uint16_t> waiters{0};
 };
 
 // The slot of fd (nullptr for fds beyond the table); create makes its chunk.
@@ -51,6 +53,17 @@ inline void touch_read(int fd) {
   if (FdSlot *s = slot(fd)) s->rtouch.fetch_add(1, std::memory_order_relaxed);
 }
 void set_kind(int fd, uint8_t kind);
+// A wait on fd begins / ends (FdSlot::waiters); the end never goes below 0 (a
+// child of fork() starts from 0 while its copy of the wait may still end).
+inline void waiter_enter(int fd) {
+  if (FdSlot *s = slot(fd)) s->waiters.fetch_add(1);
+}
+inline void waiter_leave(int fd) {
+  FdSlot *s = slot(fd);
+  if (!s) return;
+  uint16_t n = s->waiters.load();
+  while (n > 0 && !s->waiters.compare_exchange_weak(n, static_cast<uint16_t>(n - 1))) {}
+}
 // Calls f for every fd in [first, last] that has a slot, in order.
 void for_each_slot(unsigned first, unsigned last, const std::function<void(int fd, FdSlot &s)> &f);
 

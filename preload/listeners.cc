@@ -219,7 +219,7 @@ bool prepare_listener_fork(const std::vector<int> &fds, const std::shared_ptr<So
   if (spec.anchor < 0) spec.anchor = find_anchor(spec);
   bool used = touches(fds) != spec.touch_mark;
   for (int fd : fds) {
-    if (FdSlot *s = slot(fd); s && s->accepting.load()) used = true;
+    if (FdSlot *s = slot(fd); s && s->waiters.load()) used = true;
     if (!used && epoll_has_fd(fd)) used = true;
   }
   if (!used) {  // connections already in its queue are this process's to accept
@@ -237,6 +237,7 @@ void child_listener_dormant(const std::vector<std::pair<int, bool>> &fds, int pl
   spec->retry_ns = 0;
   spec->told_busy = false;
   for (auto &[fd, cloexec] : fds) {
+    if (FdSlot *s = slot(fd)) s->waiters.store(0);  // the parent's waits are not this process's
     real().dup3(placeholder, fd, cloexec ? O_CLOEXEC : 0);
     add_dormant(fd, spec);
   }

@@ -199,10 +199,10 @@ GS_EXPORT int accept4(int fd, sockaddr *addr, socklen_t *len, int flags) {
   }
   if (!gs_nonblocking(fd)) {  // wait in the shim (signals), then take the connection
     const CallLimit limit = call_limit(fd, true);
-    if (s) s->accepting.fetch_add(1);
+    waiter_enter(fd);
     int w;
     while ((w = blocking_wait(fd, POLLIN, limit)) == 0) {}
-    if (s) s->accepting.fetch_sub(1);
+    waiter_leave(fd);
     if (w < 0) return libc_result(w);
   }
   int r;

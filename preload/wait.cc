@@ -19,6 +19,7 @@ int emulated_poll(pollfd *fds, nfds_t nfds, const timespec *timeout, const sigse
     if (fds[i].fd < 0) continue;
     if (is_gs(fds[i].fd)) {
       if (fds[i].events & POLLIN) touch_read(fds[i].fd);
+      waiter_enter(fds[i].fd);
       gs.push_back(fds[i]);
       gs_index.push_back(i);
     } else {
@@ -49,7 +50,11 @@ int emulated_poll(pollfd *fds, nfds_t nfds, const timespec *timeout, const sigse
   auto sleep = [&](const timespec *until, const timespec *step) -> int {
     return sleep_on_events(gs, kern, until, step, sigmask);
   };
-  return wait_loop(timeout, check, sleep);
+  const int n = wait_loop(timeout, check, sleep);
+  const int saved = errno;
+  for (const pollfd &p : gs) waiter_leave(p.fd);
+  errno = saved;
+  return n;
 }
 
 int sleep_on_events(const std::vector<pollfd> &gs, const std::vector<pollfd> &kern, const timespec *until,
