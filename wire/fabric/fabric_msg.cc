@@ -11,11 +11,15 @@
 //               ECONNREFUSED error (no listener, or fi_reject) -> kRejected
 //               FI_SHUTDOWN (fi_shutdown either side, peer death) -> kDisconnected
 //
-// One EQ per domain serves every endpoint and listener (an EQ costs file
-// descriptors); events are routed by fid to per-object mailboxes under the
-// domain's CM mutex. Each endpoint has its own CQ, so data completions need no
-// routing and poll() takes no lock of ours. Files: this one (domain, EQ,
-// listener), fabric_msg.h (what they share), fabric_msg_endpoint.cc.
+// One EQ per domain serves every endpoint (an EQ costs file descriptors);
+// events are routed by fid to per-endpoint mailboxes under the domain's CM
+// mutex. A listener has an EQ of its own, read only by get_request, because
+// tcp accepts on the listening socket inside fi_eq_read: a process takes a
+// connection off the kernel's queue only when its socket layer asks
+// (fabric_msg.h, MsgListenerCore). Each endpoint has its own CQ, so data
+// completions need no routing and poll() takes no lock of ours. Files: this
+// one (domain, EQs, listener), fabric_msg.h (what they share),
+// fabric_msg_endpoint.cc.
 //
 // Data progress: tcp progresses sockets inside fi_cq_read (it runs epoll on the
 // CQ's wait set), so a peer's FI_SHUTDOWN is noticed by poll(), or by poll_cm()
@@ -26,15 +30,16 @@
 // the endpoint's socket (POLLIN, and POLLOUT while sends are queued) and the
 // CQ's signal. That fd is the endpoint's wait_fd; arm_wait is fi_trywait on
 // the CQ (it resets the signal and says -FI_EAGAIN when completions or
-// buffered bytes wait), then a look at the mailbox. CM progress (connecting
-// and listening sockets) sits in the EQ's wait set instead; a CM thread per
-// domain sleeps on the EQ's fd and pumps it whenever it fires, and whoever
+// buffered bytes wait), then a look at the mailbox. CM progress of connecting
+// and accepted sockets sits in the domain EQ's wait set instead; a CM thread
+// per domain sleeps on the EQ's fd and pumps it whenever it fires, and whoever
 // routes an event (that thread, or an endpoint pumping in poll_cm) wakes the
-// mailbox's owner: fi_cq_signal for an endpoint, an eventfd (the listener's
-// wait_fd) for a listener. One thread and one wake-up per CM event, however
+// endpoint with fi_cq_signal. One thread and one wake-up per CM event, however
 // many connections sleep. No wake-up is lost: the router counts the event
 // (pending, seq_cst) before it signals; the sleeper resets the signal
-// (fi_trywait, or draining the eventfd) before it reads the count.
+// (fi_trywait) before it reads the count. A listener's wait_fd is its own
+// EQ's (the listening socket and the requests being read are in its set), and
+// its arm_wait is fi_trywait on that EQ.
 //
 // Writes with an immediate are fi_writedata / fi_inject_writedata (inline and
 // <= 128 bytes); the 8-byte CQ data carries imm | length << 32, because tcp
@@ -47,8 +52,10 @@
 // the connection.
 //
 // A Listener destroyed while requests it handed out live on keeps its pep (the
-// kernel port stays bound) until the last of them goes; connection requests
-// arriving meanwhile are refused as they are read off the EQ.
+// kernel port stays bound) until the last of them goes; what its EQ holds is
+// refused at once, and connections arriving meanwhile wait in the kernel's
+// queue (another process's, when the listening socket is shared) or are reset
+// when the pep closes.
 #include "wire/fabric/fabric_msg.h"
 
 #include <netinet/in.h>
@@ -70,20 +77,65 @@ class MsgListener final : public Listener {
   ~MsgListener() override { core_->shutdown(); }
   int get_request(std::unique_ptr<ConnectionRequest> *out) override;
   gs_status_t local_address(sockaddr_storage *out, socklen_t *len) const override;
-  int wait_fd() const override { return core_->event_fd; }
+  int wait_fd() const override { return core_->eq_fd; }
   gs_status_t arm_wait() override;
-  bool maybe_ready() const override { return core_->mailbox.pending.load(std::memory_order_acquire) != 0; }
 
  private:
   std::shared_ptr<MsgListenerCore> core_;
 };
 
-void drain_eventfd(int fd) {
-  uint64_t value;
-  while (read(fd, &value, sizeof(value)) < 0 && errno == EINTR) {}
+}  // namespace
+
+gs_status_t open_cm_eq(fid_fabric *fabric, fid_eq **eq, int *wait_fd, std::string *error) {
+  fi_eq_attr eq_attr{};
+  eq_attr.size = 1024;
+  eq_attr.wait_obj = FI_WAIT_FD;
+  int rc = fi_eq_open(fabric, &eq_attr, eq, nullptr);
+  if (rc == 0) rc = fi_control(&(*eq)->fid, FI_GETWAIT, wait_fd);
+  if (rc != 0 && error != nullptr) *error = "gpusock: fi_eq_open(tcp): " + fi_error_text(rc);
+  return rc != 0 ? fi_status(rc) : 0;
 }
 
-}  // namespace
+int read_cm_event(fid_eq *eq, RawCmEvent *out, fid_t *fid) {
+  alignas(fi_eq_cm_entry) uint8_t buffer[sizeof(fi_eq_cm_entry) + kMaxCmData];
+  uint32_t event = 0;
+  ssize_t ret = fi_eq_read(eq, &event, buffer, sizeof(buffer), 0);
+  *out = RawCmEvent{};
+  if (ret == -FI_EAVAIL) {
+    fi_eq_err_entry err{};
+    if (fi_eq_readerr(eq, &err, 0) < 0) return 0;
+    out->type = RawCmEvent::kError;
+    out->err = err.err != 0 ? err.err : EIO;
+    if (out->err >= FI_ERRNO_OFFSET) out->err = -fi_status(-out->err);
+    if (err.err_data != nullptr && err.err_data_size > 0) {
+      out->data_len = static_cast<uint32_t>(std::min<size_t>(err.err_data_size, sizeof(out->data)));
+      std::memcpy(out->data, err.err_data, out->data_len);
+    }
+    *fid = err.fid;
+    return 1;
+  }
+  if (ret < 0) return 0;  // -FI_EAGAIN: empty
+  const auto *entry = reinterpret_cast<const fi_eq_cm_entry *>(buffer);
+  const size_t data_len = static_cast<size_t>(ret) > sizeof(fi_eq_cm_entry) ? ret - sizeof(fi_eq_cm_entry) : 0;
+  out->data_len = static_cast<uint32_t>(std::min(data_len, sizeof(out->data)));
+  std::memcpy(out->data, entry->data, out->data_len);
+  *fid = entry->fid;
+  switch (event) {
+    case FI_CONNREQ:
+      out->type = RawCmEvent::kConnReq;
+      out->info = entry->info;
+      return 1;
+    case FI_CONNECTED:
+      out->type = RawCmEvent::kConnected;
+      return 1;
+    case FI_SHUTDOWN:
+      out->type = RawCmEvent::kShutdown;
+      return 1;
+    default:
+      if (entry->info != nullptr) fi_freeinfo(entry->info);
+      return -1;
+  }
+}
 
 // --- domain ------------------------------------------------------------------
 
@@ -100,15 +152,8 @@ MsgDomain::~MsgDomain() {
 gs_status_t MsgDomain::open(std::string *error) {
   gs_status_t ret = open_base(error);
   if (ret < 0) return ret;
-  fi_eq_attr eq_attr{};
-  eq_attr.size = 1024;
-  eq_attr.wait_obj = FI_WAIT_FD;
-  int rc = fi_eq_open(fabric_, &eq_attr, &eq_, nullptr);
-  if (rc == 0) rc = fi_control(&eq_->fid, FI_GETWAIT, &eq_fd_);
-  if (rc != 0) {
-    if (error != nullptr) *error = "gpusock: fi_eq_open(tcp): " + fi_error_text(rc);
-    return fi_status(rc);
-  }
+  ret = open_cm_eq(fabric_, &eq_, &eq_fd_, error);
+  if (ret < 0) return ret;
   stop_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (stop_fd_ < 0) return -errno;
   // The thread lives in other people's programs (the preload shim): it takes
@@ -164,10 +209,6 @@ void MsgDomain::deliver_locked(CmMailbox *mailbox, RawCmEvent &&event) {
   mailbox->events.push_back(std::move(event));
   mailbox->pending.fetch_add(1, std::memory_order_seq_cst);
   if (mailbox->wake_cq != nullptr) fi_cq_signal(mailbox->wake_cq);
-  if (mailbox->wake_fd >= 0) {
-    const uint64_t one = 1;
-    (void)!write(mailbox->wake_fd, &one, sizeof(one));
-  }
 }
 
 void MsgDomain::route(fid_t fid, RawCmEvent &&event) {
@@ -177,56 +218,16 @@ void MsgDomain::route(fid_t fid, RawCmEvent &&event) {
     if (event.info != nullptr) fi_freeinfo(event.info);
     return;
   }
-  if (it->second->refuse_from != nullptr && event.info != nullptr) {
-    fi_reject(it->second->refuse_from, event.info->handle, nullptr, 0);
-    fi_freeinfo(event.info);
-    return;
-  }
   deliver_locked(it->second, std::move(event));
 }
 
 void MsgDomain::pump_locked() {
-  alignas(fi_eq_cm_entry) uint8_t buffer[sizeof(fi_eq_cm_entry) + kMaxCmData];
   for (int i = 0; i < 256; ++i) {
-    uint32_t event = 0;
-    ssize_t ret = fi_eq_read(eq_, &event, buffer, sizeof(buffer), 0);
-    if (ret == -FI_EAVAIL) {
-      fi_eq_err_entry err{};
-      ret = fi_eq_readerr(eq_, &err, 0);
-      if (ret < 0) break;
-      RawCmEvent raw;
-      raw.type = RawCmEvent::kError;
-      raw.err = err.err != 0 ? err.err : EIO;
-      if (raw.err >= FI_ERRNO_OFFSET) raw.err = -fi_status(-raw.err);
-      if (err.err_data != nullptr && err.err_data_size > 0) {
-        raw.data_len = static_cast<uint32_t>(std::min<size_t>(err.err_data_size, sizeof(raw.data)));
-        std::memcpy(raw.data, err.err_data, raw.data_len);
-      }
-      route(err.fid, std::move(raw));
-      continue;
-    }
-    if (ret < 0) break;  // -FI_EAGAIN: empty
-    const auto *entry = reinterpret_cast<const fi_eq_cm_entry *>(buffer);
     RawCmEvent raw;
-    const size_t data_len = static_cast<size_t>(ret) > sizeof(fi_eq_cm_entry) ? ret - sizeof(fi_eq_cm_entry) : 0;
-    raw.data_len = static_cast<uint32_t>(std::min(data_len, sizeof(raw.data)));
-    std::memcpy(raw.data, entry->data, raw.data_len);
-    switch (event) {
-      case FI_CONNREQ:
-        raw.type = RawCmEvent::kConnReq;
-        raw.info = entry->info;
-        break;
-      case FI_CONNECTED:
-        raw.type = RawCmEvent::kConnected;
-        break;
-      case FI_SHUTDOWN:
-        raw.type = RawCmEvent::kShutdown;
-        break;
-      default:
-        if (entry->info != nullptr) fi_freeinfo(entry->info);
-        continue;
-    }
-    route(entry->fid, std::move(raw));
+    fid_t fid = nullptr;
+    const int got = read_cm_event(eq_, &raw, &fid);
+    if (got == 0) break;
+    if (got > 0) route(fid, std::move(raw));
   }
 }
 
@@ -254,74 +255,76 @@ gs_status_t MsgDomain::listen(const sockaddr *addr, socklen_t len, int backlog, 
 
   auto core = std::make_shared<MsgListenerCore>();
   core->domain = this;
-  core->event_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (core->event_fd < 0) return -errno;
-  core->mailbox.wake_fd = core->event_fd;
+  gs_status_t status = open_cm_eq(fabric_, &core->eq, &core->eq_fd, nullptr);
+  if (status < 0) return status;
   int ret = fi_passive_ep(fabric_, info.get(), &core->pep, nullptr);
   if (ret != 0) return fi_status(ret);
-  ret = fi_pep_bind(core->pep, &eq_->fid, 0);
+  ret = fi_pep_bind(core->pep, &core->eq->fid, 0);
   if (ret != 0) return fi_status(ret);
   if (backlog > 0) {
     int value = backlog;
     (void)fi_control(&core->pep->fid, FI_BACKLOG, &value);
   }
-  {
-    std::lock_guard<std::mutex> lock(cm_mutex_);
-    add_mailbox(&core->pep->fid, &core->mailbox);
-  }
   ret = fi_listen(core->pep);
-  if (ret != 0) return fi_status(ret);  // ~MsgListenerCore unregisters and closes
+  if (ret != 0) return fi_status(ret);  // ~MsgListenerCore closes
   *out = std::make_unique<MsgListener>(std::move(core));
   return 0;
 }
 
 // --- listener ----------------------------------------------------------------
 
-void MsgListenerCore::refuse_queued_locked() {
-  domain->pump_locked();
-  for (RawCmEvent &event : mailbox.events) {
-    if (event.type == RawCmEvent::kConnReq && event.info != nullptr) {
-      fi_reject(pep, event.info->handle, nullptr, 0);
-      fi_freeinfo(event.info);
-    }
-  }
-  mailbox.events.clear();
-}
-
-MsgListenerCore::~MsgListenerCore() {
-  if (pep != nullptr) {
-    std::lock_guard<std::mutex> lock(domain->cm_mutex());
-    // tcp does not drop a closed pep's queued FI_CONNREQs: take them now (and
-    // refuse them) so that none is left naming a freed fid. The mailbox goes
-    // after the pump, which still routes to it.
-    refuse_queued_locked();
-    domain->remove_mailbox(&pep->fid);
-    close_fid(pep);
-  }
-  if (event_fd >= 0) close(event_fd);
-}
-
-void MsgListenerCore::shutdown() {
-  std::lock_guard<std::mutex> lock(domain->cm_mutex());
-  refuse_queued_locked();
-  mailbox.pending.store(0, std::memory_order_relaxed);
-  mailbox.refuse_from = pep;
-}
-
-int MsgListener::get_request(std::unique_ptr<ConnectionRequest> *out) {
-  if (out == nullptr) return -EINVAL;
-  RawCmEvent event;
-  while (core_->domain->next_event(&core_->mailbox, true, &event)) {
-    if (event.type != RawCmEvent::kConnReq || event.info == nullptr) continue;
-    *out = std::make_unique<MsgConnectionRequest>(core_, std::move(event));
-    return 1;
+int MsgListenerCore::next_request_locked(RawCmEvent *out) {
+  for (int i = 0; i < 64; ++i) {
+    fid_t fid = nullptr;
+    const int got = read_cm_event(eq, out, &fid);
+    if (got == 0) return 0;
+    if (got < 0 || out->type != RawCmEvent::kConnReq || out->info == nullptr) continue;  // nothing else comes here
+    if (!closed) return 1;
+    fi_reject(pep, out->info->handle, nullptr, 0);
+    fi_freeinfo(out->info);
+    out->info = nullptr;
   }
   return 0;
 }
 
+void MsgListenerCore::refuse_queued_locked() {
+  RawCmEvent event;
+  closed = true;
+  while (next_request_locked(&event) > 0) {}
+}
+
+MsgListenerCore::~MsgListenerCore() {
+  if (pep != nullptr && eq != nullptr) {
+    // tcp does not drop a closed pep's queued FI_CONNREQs: take them now (and
+    // refuse them) so that none is left naming a freed fid.
+    std::lock_guard<std::mutex> lock(mu);
+    refuse_queued_locked();
+  }
+  close_fid(pep);
+  close_fid(eq);
+}
+
+void MsgListenerCore::shutdown() {
+  std::lock_guard<std::mutex> lock(mu);
+  refuse_queued_locked();
+}
+
+int MsgListener::get_request(std::unique_ptr<ConnectionRequest> *out) {
+  if (out == nullptr) return -EINVAL;
+  std::lock_guard<std::mutex> lock(core_->mu);
+  RawCmEvent event;
+  if (core_->next_request_locked(&event) == 0) return 0;
+  *out = std::make_unique<MsgConnectionRequest>(core_, std::move(event));
+  return 1;
+}
+
 gs_status_t MsgListener::arm_wait() {
-  drain_eventfd(core_->event_fd);  // then the count: deliver_locked counts before it writes
-  return core_->mailbox.pending.load(std::memory_order_seq_cst) != 0 ? -EAGAIN : 0;
+  // Resets the EQ's signal; -FI_EAGAIN when events wait. The listening
+  // socket and the requests being read are in the EQ's wait set.
+  std::lock_guard<std::mutex> lock(core_->mu);
+  fid *eq_fid = &core_->eq->fid;
+  const int rc = fi_trywait(core_->domain->fabric(), &eq_fid, 1);
+  return rc == 0 ? 0 : rc == -FI_EAGAIN ? -EAGAIN : fi_status(rc);
 }
 
 gs_status_t MsgListener::local_address(sockaddr_storage *out, socklen_t *len) const {

@@ -27,30 +27,43 @@ struct RawCmEvent {
   uint32_t data_len = 0;
 };
 
-// Events for one fid; guarded by MsgDomain::cm_mutex(). Whoever routes an
-// event here wakes its owner: an endpoint through its CQ's wait object
-// (fi_cq_signal), a listener through its eventfd.
+// Reads one event off an EQ: 1 (the event, and the fid it is for), 0 when
+// the EQ is empty, -1 for an event of no interest (skipped).
+int read_cm_event(fid_eq *eq, RawCmEvent *out, fid_t *fid);
+// An EQ with an FI_WAIT_FD wait object, and that fd.
+gs_status_t open_cm_eq(fid_fabric *fabric, fid_eq **eq, int *wait_fd, std::string *error);
+
+// An endpoint's events, routed off the domain's EQ; guarded by
+// MsgDomain::cm_mutex(). Whoever routes an event here wakes the endpoint
+// through its CQ's wait object (fi_cq_signal).
 struct CmMailbox {
   std::deque<RawCmEvent> events;
   std::atomic<uint32_t> pending{0};
-  fid_pep *refuse_from = nullptr;  // a closed listener: refuse its FI_CONNREQs on arrival
   fid_cq *wake_cq = nullptr;
-  int wake_fd = -1;
 };
 
 class MsgDomain;
 
+// A listener's pep has an EQ of its own, not the domain's: tcp accepts on the
+// listening socket (and reads the client's request) only inside fi_eq_read of
+// the pep's EQ, so connection requests stay in the kernel's queue until the
+// socket layer asks for them (get_request). With a kernel listening socket
+// shared by the processes of a forked server, a process that does not accept
+// then leaves them to one that does (GS_ACCEPT_ON_DEMAND).
 struct MsgListenerCore {
   MsgDomain *domain = nullptr;
   fid_pep *pep = nullptr;
-  CmMailbox mailbox;
-  int event_fd = -1;  // the listener's wait fd: written when a request is routed here
+  fid_eq *eq = nullptr;
+  int eq_fd = -1;       // the listener's wait fd: the EQ's (the listening socket, requests being read)
+  std::mutex mu;        // the EQ: the listener's thread, and the core's last owner
+  bool closed = false;  // the Listener is gone: requests are refused as they are read
   ~MsgListenerCore();
-  // The Listener object is going: refuse what waits and what comes. The pep
-  // stays open while requests handed out still need it for fi_reject.
+  // The Listener object is going: refuse what waits. The pep stays open while
+  // requests handed out still need it for fi_reject.
   void shutdown();
-  // Read the EQ, then refuse every connection request waiting here; with the
-  // domain's CM mutex held.
+  // One connection request off the EQ (1), or none (0). mu held.
+  int next_request_locked(RawCmEvent *out);
+  // Read the EQ and refuse every connection request on it; mu held.
   void refuse_queued_locked();
 };
 
