@@ -34,6 +34,15 @@ extern "C" {
 enum { RDMA_SQSIZE, RDMA_RQSIZE, RDMA_INLINE, RDMA_IOMAPSIZE, RDMA_ROUTE };
 #endif
 
+/* gpusock's own option level. GS_ACCEPT_ON_DEMAND (int, on a listener): take
+ * connection requests off the transport only while the application accepts or
+ * waits on the listener, never from the library's background thread, so that
+ * requests a busy process would not serve stay where other processes listening
+ * on the same port (a forked server over fabric:tcp) can take them. Off by
+ * default: handshakes complete in the background, as a kernel's TCP does. */
+#define SOL_GPUSOCK 0x67730000
+enum { GS_ACCEPT_ON_DEMAND = 1 };
+
 int gs_socket(int domain, int type, int protocol);
 int gs_bind(int socket, const struct sockaddr *addr, socklen_t addrlen);
 int gs_listen(int socket, int backlog);

@@ -233,7 +233,7 @@ void Engine::background_loop() {
       for (auto &socket : table_)
         if (socket && socket->needs_background(&look_by)) work.push_back(socket);
     }
-    for (auto &socket : work) did |= socket->try_progress();
+    for (auto &socket : work) did |= socket->try_background_progress();
     {
       std::lock_guard lock(closing_mu_);
       for (size_t i = 0; i < closing_.size();) {
@@ -252,7 +252,7 @@ void Engine::background_loop() {
     fds.push_back({background_waker_, POLLIN, 0});
     bool pending = false, no_fd = false;
     for (auto &socket : work) {
-      const Armed armed = socket->arm_wait_fds(&fds);
+      const Armed armed = socket->arm_background_wait_fds(&fds);
       pending |= armed == Armed::kPending;
       no_fd |= armed == Armed::kNoFd;
     }

@@ -221,8 +221,9 @@ int StreamSocket::accept(std::unique_ptr<StreamSocket> *out, bool wait) {
   return 0;
 }
 
-// Advances handshakes in flight and takes new requests while under the backlog.
-bool StreamSocket::accept_requests_locked() {
+// Advances handshakes in flight and, when take_new, takes new requests while
+// under the backlog.
+bool StreamSocket::accept_requests_locked(bool take_new) {
   bool did = false;
   for (size_t i = 0; i < accepting_.size();) {
     StreamSocket &child = *accepting_[i];
@@ -235,6 +236,7 @@ bool StreamSocket::accept_requests_locked() {
     if (child.role_ == Role::kConnected) accept_queue_.push_back(std::move(accepting_[i]));
     accepting_.erase(accepting_.begin() + static_cast<long>(i));
   }
+  if (!take_new) return did;
   const auto rejected = [](void *, int, const char *why) { Engine::get().log(1, "rejecting connection: %s", why); };
   while (accepting_.size() + accept_queue_.size() < static_cast<size_t>(backlog_)) {
     std::unique_ptr<ConnectionRequest> request;
@@ -294,10 +296,10 @@ void StreamSocket::keepalive_tick_locked() {
   next_keepalive_ = now + std::chrono::seconds(idle);
 }
 
-bool StreamSocket::progress_locked() {
+bool StreamSocket::progress_locked(bool by_application) {
   switch (role_) {
     case Role::kListening: {
-      const bool did = accept_requests_locked();
+      const bool did = accept_requests_locked(takes_requests(by_application));
       if (did) wake_sleepers_locked();
       return did;
     }
@@ -320,9 +322,9 @@ bool StreamSocket::progress() {
   return progress_locked();
 }
 
-bool StreamSocket::try_progress() {
+bool StreamSocket::try_background_progress() {
   std::unique_lock lock(mu_, std::try_to_lock);
-  return lock.owns_lock() && progress_locked();
+  return lock.owns_lock() && progress_locked(/*by_application=*/false);
 }
 
 // Blocks until ready() (re-checked after every progress pass), the timeout
@@ -383,13 +385,13 @@ int StreamSocket::wait_locked(std::unique_lock<std::mutex> &lock, Pred ready, in
 // background thread), and an endpoint's wake-up is one: a thread whose
 // arming finds it pending (it drained the wake-up, or disarmed after
 // looking) wakes the socket's other sleepers, which would miss it.
-Armed StreamSocket::arm_wait_fds_locked(std::vector<pollfd> *fds) {
-  const Armed armed = arm_endpoints_locked(fds);
+Armed StreamSocket::arm_wait_fds_locked(std::vector<pollfd> *fds, bool by_application) {
+  const Armed armed = arm_endpoints_locked(fds, by_application);
   if (armed == Armed::kPending) wake_sleepers_locked();
   return armed;
 }
 
-Armed StreamSocket::arm_endpoints_locked(std::vector<pollfd> *fds) {
+Armed StreamSocket::arm_endpoints_locked(std::vector<pollfd> *fds, bool by_application) {
   Armed result = Armed::kSleep;
   const auto add = [&](auto *source) {
     const int fd = source->wait_fd();
@@ -403,7 +405,9 @@ Armed StreamSocket::arm_endpoints_locked(std::vector<pollfd> *fds) {
   };
   switch (role_) {
     case Role::kListening:
-      add(listener_.get());
+      // A listener whose requests this thread would not take is not slept on:
+      // its fd would stay readable.
+      if (takes_requests(by_application)) add(listener_.get());
       for (auto &child : accepting_) {
         std::lock_guard child_lock(child->mu_);
         if (Endpoint *ep = child->conn_.endpoint()) add(ep);
@@ -422,9 +426,9 @@ Armed StreamSocket::arm_endpoints_locked(std::vector<pollfd> *fds) {
   }
 }
 
-Armed StreamSocket::arm_wait_fds(std::vector<pollfd> *fds) {
+Armed StreamSocket::arm_background_wait_fds(std::vector<pollfd> *fds) {
   std::lock_guard lock(mu_);
-  return arm_wait_fds_locked(fds);
+  return arm_wait_fds_locked(fds, /*by_application=*/false);
 }
 
 void StreamSocket::remove_sleeper(int waker_fd) {
@@ -435,7 +439,8 @@ void StreamSocket::remove_sleeper(int waker_fd) {
 bool StreamSocket::needs_background(Clock::time_point *look_by) {
   std::lock_guard lock(mu_);
   switch (role_) {
-    case Role::kListening:
+    case Role::kListening:  // on demand: only its handshakes in flight
+      return takes_requests(false) || !accepting_.empty();
     case Role::kConnecting:
     case Role::kAccepting:
       return true;

@@ -35,8 +35,9 @@ struct SocketOptions {
   bool keepalive = false;
   bool nodelay = false;
   bool oobinline = false;
-  int keepidle_s = 0;  // 0: system default
-  int v6only = -1;     // IPV6_V6ONLY; -1: the system's default (net.ipv6.bindv6only)
+  bool accept_on_demand = false;  // SOL_GPUSOCK GS_ACCEPT_ON_DEMAND (listeners)
+  int keepidle_s = 0;             // 0: system default
+  int v6only = -1;                // IPV6_V6ONLY; -1: the system's default (net.ipv6.bindv6only)
   linger linger_opt{0, 0};
 };
 
@@ -69,9 +70,10 @@ class StreamSocket {
 
   // poll(2) events that are ready now (after one progress pass).
   short ready_events(short requested);
-  // Event-driven waiting (waiting.h): adds the fds to sleep on for this socket
-  // after arming its transport, or says why not to sleep.
-  Armed arm_wait_fds(std::vector<pollfd> *fds);
+  // Event-driven waiting (waiting.h) for the engine's background thread: adds
+  // the fds to sleep on for this socket after arming its transport, or says
+  // why not to sleep.
+  Armed arm_background_wait_fds(std::vector<pollfd> *fds);
   // A thread about to sleep until `requested` events: registers its waker
   // (woken when another thread's progress changes the socket), then, unless
   // the events are ready already (kPending, and not registered), arms.
@@ -83,8 +85,9 @@ class StreamSocket {
   bool needs_background(Clock::time_point *look_by);
   // One progress pass. Returns true if anything happened.
   bool progress();
-  // Non-blocking attempt: progress only if nobody else holds the socket.
-  bool try_progress();
+  // The background thread's pass: only if nobody else holds the socket, and
+  // for an accept-on-demand listener without taking new requests.
+  bool try_background_progress();
   // Begin an orderly close: flush, send DISCONNECT; true once it may be freed.
   void begin_close();
   bool close_finished();
@@ -105,10 +108,13 @@ class StreamSocket {
   int wait_connected_locked(std::unique_lock<std::mutex> &lock);
   int ready_for_data_locked(std::unique_lock<std::mutex> &lock, int flags);
   void keepalive_tick_locked();
-  bool progress_locked();
-  bool accept_requests_locked();
-  Armed arm_wait_fds_locked(std::vector<pollfd> *fds);
-  Armed arm_endpoints_locked(std::vector<pollfd> *fds);
+  // by_application: a call of the application's (not the background thread);
+  // only such a pass takes requests off an accept-on-demand listener.
+  bool progress_locked(bool by_application = true);
+  bool accept_requests_locked(bool take_new);
+  bool takes_requests(bool by_application) const { return by_application || !options_.accept_on_demand; }
+  Armed arm_wait_fds_locked(std::vector<pollfd> *fds, bool by_application = true);
+  Armed arm_endpoints_locked(std::vector<pollfd> *fds, bool by_application);
   short ready_events_locked(short requested);
   void wake_sleepers_locked() {
     if (!sleepers_.empty()) sleepers_.wake_all();

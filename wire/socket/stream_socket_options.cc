@@ -134,6 +134,11 @@ int StreamSocket::setsockopt(int level, int name, const void *val, socklen_t len
         return -ENOPROTOOPT;
     }
   }
+  if (level == SOL_GPUSOCK && name == GS_ACCEPT_ON_DEMAND) {
+    if (int rc = get_value(val, len, &v); rc < 0) return rc;
+    options_.accept_on_demand = v != 0;
+    return 0;
+  }
   if (level == IPPROTO_IPV6 && name == IPV6_V6ONLY) {
     if (family_ != AF_INET6) return -ENOPROTOOPT;
     if (int rc = get_value(val, len, &v); rc < 0) return rc;
@@ -196,6 +201,7 @@ int StreamSocket::getsockopt(int level, int name, void *val, socklen_t *len) {
     }
   }
   if (level == IPPROTO_IPV6 && name == IPV6_V6ONLY && family_ == AF_INET6) return put_value(val, len, v6only());
+  if (level == SOL_GPUSOCK && name == GS_ACCEPT_ON_DEMAND) return put_value(val, len, int(options_.accept_on_demand));
   if (level == SOL_RDMA) {
     switch (name) {
       case 0:

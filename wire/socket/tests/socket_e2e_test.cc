@@ -453,3 +453,49 @@ TEST(SocketClient, DetectsKilledReceiver) {
 }
 
 }  // namespace
+
+// A listener with GS_ACCEPT_ON_DEMAND leaves connection requests in the
+// transport until the application accepts (or polls the listener); by default
+// the handshake completes in the background, as a kernel's TCP does.
+TEST(SocketServer, AcceptOnDemandLeavesRequestsUntilAsked) {
+  for (const int on_demand : {0, 1}) {
+    SCOPED_TRACE(on_demand ? "on demand" : "default");
+    const int port = free_port();
+    const int lfd = gs_socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_GE(lfd, 0);
+    ASSERT_EQ(gs_setsockopt(lfd, SOL_GPUSOCK, GS_ACCEPT_ON_DEMAND, &on_demand, sizeof on_demand), 0);
+    int v = -1;
+    socklen_t len = sizeof v;
+    ASSERT_EQ(gs_getsockopt(lfd, SOL_GPUSOCK, GS_ACCEPT_ON_DEMAND, &v, &len), 0);
+    EXPECT_EQ(v, on_demand);
+    sockaddr_in a = test_address(port);
+    ASSERT_EQ(gs_bind(lfd, reinterpret_cast<sockaddr *>(&a), sizeof a), 0);
+    ASSERT_EQ(gs_listen(lfd, 8), 0);
+
+    const int c = gs_socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    ASSERT_GE(c, 0);
+    const int rc = gs_connect(c, reinterpret_cast<sockaddr *>(&a), sizeof a);
+    ASSERT_TRUE(rc == 0 || rc == -EINPROGRESS) << gs_status_name(rc);
+    pollfd p{c, POLLOUT, 0};
+    if (on_demand) {
+      // Nobody asked: the handshake cannot finish, however long we wait.
+      EXPECT_EQ(gs_poll(&p, 1, 300), 0);
+    } else {
+      EXPECT_EQ(gs_poll(&p, 1, 10000), 1);  // finished before any accept
+    }
+    const int s = gs_accept(lfd, nullptr, nullptr);
+    ASSERT_GE(s, 0) << gs_status_name(s);
+    ASSERT_EQ(gs_poll(&p, 1, 10000), 1);
+    int err = -1;
+    len = sizeof err;
+    ASSERT_EQ(gs_getsockopt(c, SOL_SOCKET, SO_ERROR, &err, &len), 0);
+    EXPECT_EQ(err, 0);
+    ASSERT_EQ(gs_send(c, "hi", 2, 0), 2);
+    uint8_t got[2];
+    ASSERT_TRUE(recv_all(s, got, 2));
+    EXPECT_EQ(std::memcmp(got, "hi", 2), 0);
+    gs_close(c);
+    gs_close(s);
+    gs_close(lfd);
+  }
+}
