@@ -28,6 +28,14 @@ int64_t now_ns() {
   return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
 }
 
+// A listener on a kernel queue that several processes share (the anchor) takes
+// connections only while this process accepts or waits on it, so that one
+// busy serving a connection (a pre-fork worker) leaves new ones to the others.
+void share_accepts(int gs_fd) {
+  const int on = 1;
+  gs_setsockopt(gs_fd, SOL_GPUSOCK, GS_ACCEPT_ON_DEMAND, &on, sizeof on);
+}
+
 uint16_t spec_port(const ListenSpec &spec) {
   uint16_t port = 0;
   port_of(reinterpret_cast<const sockaddr *>(&spec.addr), spec.addr_len, &port);
@@ -145,6 +153,7 @@ int activate(int fd) {
   int r;
   {
     Inside guard;
+    if (spec->anchor >= 0) share_accepts(tmp);
     r = gs_bind(tmp, reinterpret_cast<sockaddr *>(&spec->addr), spec->addr_len);
     ListenArm arm(spec.get());
     if (r == 0) r = gs_listen(tmp, spec->backlog);
@@ -228,6 +237,10 @@ bool prepare_listener_fork(const std::vector<int> &fds, const std::shared_ptr<So
     if (gs_poll(&p, 1, 0) > 0 && (p.revents & POLLIN)) used = true;
   }
   spec.touch_mark = touches(fds);
+  if (used && spec.anchor >= 0) {  // the parent goes on accepting beside its children
+    Inside guard;
+    share_accepts(fds.front());
+  }
   return !used;
 }
 
