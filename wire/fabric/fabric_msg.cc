@@ -61,10 +61,13 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 namespace gpusock::wire::fabric {
@@ -83,6 +86,27 @@ class MsgListener final : public Listener {
  private:
   std::shared_ptr<MsgListenerCore> core_;
 };
+
+// The listening socket among the members of an epoll set (tcp's EQ wait fd
+// right after fi_listen: its signal and the pep's socket), found through
+// /proc/self/fdinfo, which lists the members; -1 if none is found.
+int listening_member(int epoll_fd) {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/self/fdinfo/%d", epoll_fd);
+  FILE *f = std::fopen(path, "re");
+  if (f == nullptr) return -1;
+  int found = -1;
+  char line[256];
+  while (found < 0 && std::fgets(line, sizeof line, f) != nullptr) {
+    int fd = -1;
+    if (std::sscanf(line, "tfd: %d", &fd) != 1) continue;
+    int on = 0;
+    socklen_t len = sizeof on;
+    if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &on, &len) == 0 && on) found = fd;
+  }
+  std::fclose(f);
+  return found;
+}
 
 }  // namespace
 
@@ -267,6 +291,7 @@ gs_status_t MsgDomain::listen(const sockaddr *addr, socklen_t len, int backlog, 
   }
   ret = fi_listen(core->pep);
   if (ret != 0) return fi_status(ret);  // ~MsgListenerCore closes
+  core->listen_fd = listening_member(core->eq_fd);
   *out = std::make_unique<MsgListener>(std::move(core));
   return 0;
 }
@@ -289,6 +314,7 @@ int MsgListenerCore::next_request_locked(RawCmEvent *out) {
 
 void MsgListenerCore::refuse_queued_locked() {
   RawCmEvent event;
+  if (!closed && listen_fd >= 0) (void)epoll_ctl(eq_fd, EPOLL_CTL_DEL, listen_fd, nullptr);  // fi_close ignores it
   closed = true;
   while (next_request_locked(&event) > 0) {}
 }

@@ -55,6 +55,7 @@ struct MsgListenerCore {
   fid_pep *pep = nullptr;
   fid_eq *eq = nullptr;
   int eq_fd = -1;       // the listener's wait fd: the EQ's (the listening socket, requests being read)
+  int listen_fd = -1;   // the pep's listening socket, as tcp put it in the EQ's epoll set
   std::mutex mu;        // the EQ: the listener's thread, and the core's last owner
   bool closed = false;  // the Listener is gone: requests are refused as they are read
   ~MsgListenerCore();
@@ -63,7 +64,10 @@ struct MsgListenerCore {
   void shutdown();
   // One connection request off the EQ (1), or none (0). mu held.
   int next_request_locked(RawCmEvent *out);
-  // Read the EQ and refuse every connection request on it; mu held.
+  // Takes the listening socket out of the EQ's set, then reads the EQ and
+  // refuses every connection request on it; mu held. Reading the EQ with the
+  // socket still in its set would accept more connections off a kernel queue
+  // other processes may be serving, only to refuse them.
   void refuse_queued_locked();
 };
 
