@@ -36,7 +36,8 @@ enum { RDMA_SQSIZE, RDMA_RQSIZE, RDMA_INLINE, RDMA_IOMAPSIZE, RDMA_ROUTE };
 
 /* gpusock's own option level. GS_ACCEPT_ON_DEMAND (int, on a listener): take
  * connection requests off the transport only while the application accepts or
- * waits on the listener, never from the library's background thread, so that
+ * waits on the listener (or while a connect of this process is under way: it
+ * may be to this listener), not from the library's background thread, so that
  * requests a busy process would not serve stay where other processes listening
  * on the same port (a forked server over fabric:tcp) can take them. Off by
  * default: handshakes complete in the background, as a kernel's TCP does. */

@@ -325,7 +325,8 @@ void Engine::fork_child() {
   for (auto &socket : e.closing_) abandoned->push_back(std::move(socket));
   e.closing_.clear();
   if (e.domain_) e.inherited_transport_ = e.domain_->caps().name;
-  (void)e.domain_.release();  // leaked with the sockets that point into it
+  (void)e.domain_.release();                   // leaked with the sockets that point into it
+  StreamSocket::forget_connects_after_fork();  // the abandoned sockets' connects are not this process's
   e.domain_opened_ = false;
   e.domain_status_ = 0;
   e.domain_error_.clear();

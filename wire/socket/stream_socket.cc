@@ -65,7 +65,27 @@ StreamSocket::StreamSocket(Domain *domain, int family)
   options_ = Engine::get().default_options();
 }
 
+namespace {
+// Connects under way in this process. While there is one, accept-on-demand
+// listeners take requests in the background too: the connect may be to one
+// of them, from a thread that accepts only after it (kernel TCP allows that).
+std::atomic<int> g_connects_under_way{0};
+}  // namespace
+
+void StreamSocket::count_connect_locked(bool on) {
+  if (on == connect_counted_) return;
+  connect_counted_ = on;
+  g_connects_under_way.fetch_add(on ? 1 : -1, std::memory_order_seq_cst);
+}
+
+void StreamSocket::forget_connects_after_fork() { g_connects_under_way.store(0); }
+
+bool StreamSocket::takes_requests(bool by_application) const {
+  return by_application || !options_.accept_on_demand || g_connects_under_way.load(std::memory_order_seq_cst) > 0;
+}
+
 StreamSocket::~StreamSocket() {
+  count_connect_locked(false);
   for (auto &child : accepting_) child.reset();
   accept_queue_.clear();
   listener_.reset();
@@ -185,10 +205,9 @@ int StreamSocket::connect(const sockaddr *addr, socklen_t len) {
     return fail_locked(rc, why);
   }
   role_ = Role::kConnecting;
-  if (nonblocking_) {
-    Engine::get().kick();  // the handshake goes on in the background
-    return -EINPROGRESS;
-  }
+  count_connect_locked(true);
+  Engine::get().kick();  // the handshake goes on in the background (and on-demand listeners take requests)
+  if (nonblocking_) return -EINPROGRESS;
   return wait_connected_locked(lock);
 }
 
@@ -270,6 +289,7 @@ bool StreamSocket::accept_requests_locked(bool take_new) {
 // A handshake the driver finished (or failed) becomes the socket's role.
 void StreamSocket::adopt_driver_state_locked() {
   if (role_ != Role::kConnecting && role_ != Role::kAccepting) return;
+  if (conn_.state() == DriverState::kConnected || conn_.state() == DriverState::kFailed) count_connect_locked(false);
   switch (conn_.state()) {
     case DriverState::kConnected:
       role_ = Role::kConnected;

@@ -96,6 +96,9 @@ class StreamSocket {
   // What went wrong last on this socket, in words ("" if nothing did).
   std::string error_text();
 
+  // In a child of fork(): no connect of the parent's is under way here.
+  static void forget_connects_after_fork();
+
   // How many fds refer to this socket (dup); the last close closes it.
   std::atomic<int> fd_refs{0};
 
@@ -112,7 +115,9 @@ class StreamSocket {
   // only such a pass takes requests off an accept-on-demand listener.
   bool progress_locked(bool by_application = true);
   bool accept_requests_locked(bool take_new);
-  bool takes_requests(bool by_application) const { return by_application || !options_.accept_on_demand; }
+  bool takes_requests(bool by_application) const;
+  // Counts this socket among the process's connects under way (or not).
+  void count_connect_locked(bool on);
   Armed arm_wait_fds_locked(std::vector<pollfd> *fds, bool by_application = true);
   Armed arm_endpoints_locked(std::vector<pollfd> *fds, bool by_application);
   short ready_events_locked(short requested);
@@ -140,6 +145,7 @@ class StreamSocket {
   // connection
   wire::ConnectionDriver conn_;
   bool closing_ = false;
+  bool connect_counted_ = false;
   Clock::time_point next_keepalive_{};
 
   // listener

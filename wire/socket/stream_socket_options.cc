@@ -137,6 +137,7 @@ int StreamSocket::setsockopt(int level, int name, const void *val, socklen_t len
   if (level == SOL_GPUSOCK && name == GS_ACCEPT_ON_DEMAND) {
     if (int rc = get_value(val, len, &v); rc < 0) return rc;
     options_.accept_on_demand = v != 0;
+    Engine::get().kick();  // the background thread takes its requests again, or stops
     return 0;
   }
   if (level == IPPROTO_IPV6 && name == IPV6_V6ONLY) {

@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -456,7 +457,9 @@ TEST(SocketClient, DetectsKilledReceiver) {
 
 // A listener with GS_ACCEPT_ON_DEMAND leaves connection requests in the
 // transport until the application accepts (or polls the listener); by default
-// the handshake completes in the background, as a kernel's TCP does.
+// the handshake completes in the background, as a kernel's TCP does. The
+// client is another process: a connect under way in the listener's own
+// process lets the listener take requests (it may be a connect to itself).
 TEST(SocketServer, AcceptOnDemandLeavesRequestsUntilAsked) {
   for (const int on_demand : {0, 1}) {
     SCOPED_TRACE(on_demand ? "on demand" : "default");
@@ -472,30 +475,63 @@ TEST(SocketServer, AcceptOnDemandLeavesRequestsUntilAsked) {
     ASSERT_EQ(gs_bind(lfd, reinterpret_cast<sockaddr *>(&a), sizeof a), 0);
     ASSERT_EQ(gs_listen(lfd, 8), 0);
 
-    const int c = gs_socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
-    ASSERT_GE(c, 0);
-    const int rc = gs_connect(c, reinterpret_cast<sockaddr *>(&a), sizeof a);
-    ASSERT_TRUE(rc == 0 || rc == -EINPROGRESS) << gs_status_name(rc);
-    pollfd p{c, POLLOUT, 0};
-    if (on_demand) {
-      // Nobody asked: the handshake cannot finish, however long we wait.
-      EXPECT_EQ(gs_poll(&p, 1, 300), 0);
-    } else {
-      EXPECT_EQ(gs_poll(&p, 1, 10000), 1);  // finished before any accept
+    int said[2], go[2];
+    ASSERT_EQ(pipe(said), 0);
+    ASSERT_EQ(pipe(go), 0);
+    const pid_t child = fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {  // the client: was it connected before the server accepted?
+      const int c = gs_socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+      const int rc = gs_connect(c, reinterpret_cast<sockaddr *>(&a), sizeof a);
+      pollfd p{c, POLLOUT, 0};
+      const char early =
+          (rc == 0 || rc == -EINPROGRESS) ? static_cast<char>('0' + gs_poll(&p, 1, on_demand ? 300 : 10000)) : 'e';
+      char x;
+      if (write(said[1], &early, 1) != 1 || read(go[0], &x, 1) != 1) _exit(2);
+      if (gs_poll(&p, 1, 10000) != 1 || gs_fcntl(c, F_SETFL, 0) != 0 || gs_send(c, "hi", 2, 0) != 2) _exit(3);
+      char back = 0;
+      _exit(recv_all(c, reinterpret_cast<uint8_t *>(&back), 1) && back == 'k' ? 0 : 4);  // the server's answer
     }
+    char early = '?';
+    ASSERT_EQ(read(said[0], &early, 1), 1);
+    EXPECT_EQ(early, on_demand ? '0' : '1') << "connected before any accept";
+    ASSERT_EQ(write(go[1], "g", 1), 1);
     const int s = gs_accept(lfd, nullptr, nullptr);
     ASSERT_GE(s, 0) << gs_status_name(s);
-    ASSERT_EQ(gs_poll(&p, 1, 10000), 1);
-    int err = -1;
-    len = sizeof err;
-    ASSERT_EQ(gs_getsockopt(c, SOL_SOCKET, SO_ERROR, &err, &len), 0);
-    EXPECT_EQ(err, 0);
-    ASSERT_EQ(gs_send(c, "hi", 2, 0), 2);
     uint8_t got[2];
     ASSERT_TRUE(recv_all(s, got, 2));
     EXPECT_EQ(std::memcmp(got, "hi", 2), 0);
-    gs_close(c);
+    ASSERT_EQ(gs_send(s, "k", 1, 0), 1);
+    int status = -1;
+    ASSERT_EQ(waitpid(child, &status, 0), child);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
     gs_close(s);
+    for (int fd : {said[0], said[1], go[0], go[1]}) close(fd);
     gs_close(lfd);
   }
+}
+
+// In the listener's own process a connect under way lets an accept-on-demand
+// listener take requests: a program may connect to itself before it accepts.
+TEST(SocketServer, AcceptOnDemandStillServesItsOwnProcess) {
+  const int port = free_port();
+  const int lfd = gs_socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(lfd, 0);
+  const int on = 1;
+  ASSERT_EQ(gs_setsockopt(lfd, SOL_GPUSOCK, GS_ACCEPT_ON_DEMAND, &on, sizeof on), 0);
+  sockaddr_in a = test_address(port);
+  ASSERT_EQ(gs_bind(lfd, reinterpret_cast<sockaddr *>(&a), sizeof a), 0);
+  ASSERT_EQ(gs_listen(lfd, 8), 0);
+  const int c = gs_socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(c, 0);
+  ASSERT_EQ(gs_connect(c, reinterpret_cast<sockaddr *>(&a), sizeof a), 0);  // blocking, before any accept
+  const int s = gs_accept(lfd, nullptr, nullptr);
+  ASSERT_GE(s, 0) << gs_status_name(s);
+  ASSERT_EQ(gs_send(c, "hi", 2, 0), 2);
+  uint8_t got[2];
+  ASSERT_TRUE(recv_all(s, got, 2));
+  EXPECT_EQ(std::memcmp(got, "hi", 2), 0);
+  gs_close(c);
+  gs_close(s);
+  gs_close(lfd);
 }
