@@ -28,14 +28,6 @@ int64_t now_ns() {
   return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
 }
 
-// A listener on a kernel queue that several processes share (the anchor) takes
-// connections only while this process accepts or waits on it, so that one
-// busy serving a connection (a pre-fork worker) leaves new ones to the others.
-void share_accepts(int gs_fd) {
-  const int on = 1;
-  gs_setsockopt(gs_fd, SOL_GPUSOCK, GS_ACCEPT_ON_DEMAND, &on, sizeof on);
-}
-
 uint16_t spec_port(const ListenSpec &spec) {
   uint16_t port = 0;
   port_of(reinterpret_cast<const sockaddr *>(&spec.addr), spec.addr_len, &port);
@@ -62,14 +54,14 @@ uint32_t touches(const std::vector<int> &fds) {
 }
 
 // fabric:tcp: the kernel listening socket libfabric made for this listener
-// (one of the transport's fds, listening, on the same port): duplicated so
-// that it outlives this process's listener and is inherited by children.
-int find_anchor(const ListenSpec &spec) {
+// (one of the transport's fds, listening, on the same port); -1 if the
+// transport listens on no kernel socket (shm, verbs).
+int transport_listener(const ListenSpec &spec) {
   const Real &R = real();
   const uint16_t want = spec_port(spec);
-  int anchor = -1;
+  int found = -1;
   for_each_slot(0, ~0u, [&](int fd, FdSlot &s) {
-    if (anchor >= 0 || s.kind.load() != kTransport) return;
+    if (found >= 0 || s.kind.load() != kTransport) return;
     int on = 0;
     socklen_t ol = sizeof on;
     sockaddr_storage ss{};
@@ -78,9 +70,16 @@ int find_anchor(const ListenSpec &spec) {
     if (R.getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &on, &ol) < 0 || !on) return;
     if (R.getsockname(fd, reinterpret_cast<sockaddr *>(&ss), &sl) < 0 || ss.ss_family != spec.domain) return;
     if (port_of(reinterpret_cast<sockaddr *>(&ss), sl, &port) < 0 || port != want) return;
-    anchor = R.fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    found = fd;
   });
-  return anchor;
+  return found;
+}
+
+// The anchor: that socket duplicated, so that it outlives this process's
+// listener and is inherited by children.
+int find_anchor(const ListenSpec &spec) {
+  const int fd = transport_listener(spec);
+  return fd < 0 ? -1 : real().fcntl(fd, F_DUPFD_CLOEXEC, 0);
 }
 
 // Activation failed: not now; the log says why once; try again after kRetryMs.
@@ -103,6 +102,11 @@ int not_now(int fd, ListenSpec &spec, int err) {
 }
 
 }  // namespace
+
+void share_accepts(int gs_fd, bool on) {
+  const int value = on;
+  gs_setsockopt(gs_fd, SOL_GPUSOCK, GS_ACCEPT_ON_DEMAND, &value, sizeof value);
+}
 
 // ---------------------------------------------------------------- marks
 
@@ -136,6 +140,14 @@ void note_listen(int fd, int backlog) {
   spec.domain = spec.addr.ss_family;
   spec.backlog = backlog;
   spec.touch_mark = touches({fd});
+  // A kernel listening socket may come to be shared by forked processes: a
+  // connection stays in its queue until a process asks for one, so none is
+  // completed by a master that forks and sets its listener aside. Elsewhere
+  // handshakes complete in the background.
+  if (transport_listener(spec) < 0) {
+    Inside guard;
+    share_accepts(fd, false);
+  }
 }
 
 // ---------------------------------------------------------------- dormant listeners
@@ -153,7 +165,7 @@ int activate(int fd) {
   int r;
   {
     Inside guard;
-    if (spec->anchor >= 0) share_accepts(tmp);
+    share_accepts(tmp, spec->anchor >= 0);
     r = gs_bind(tmp, reinterpret_cast<sockaddr *>(&spec->addr), spec->addr_len);
     ListenArm arm(spec.get());
     if (r == 0) r = gs_listen(tmp, spec->backlog);
@@ -231,7 +243,10 @@ bool prepare_listener_fork(const std::vector<int> &fds, const std::shared_ptr<So
     if (FdSlot *s = slot(fd); s && s->waiters.load()) used = true;
     if (!used && epoll_has_fd(fd)) used = true;
   }
-  if (!used) {  // connections already in its queue are this process's to accept
+  // Connections already in its queue are this process's to accept. (Not asked
+  // of a listener on the shared queue: it took none unless the application
+  // asked, and asking here would take one off the queue at the last moment.)
+  if (!used && spec.anchor < 0) {
     pollfd p{fds.front(), POLLIN, 0};
     Inside guard;
     if (gs_poll(&p, 1, 0) > 0 && (p.revents & POLLIN)) used = true;
@@ -239,7 +254,7 @@ bool prepare_listener_fork(const std::vector<int> &fds, const std::shared_ptr<So
   spec.touch_mark = touches(fds);
   if (used && spec.anchor >= 0) {  // the parent goes on accepting beside its children
     Inside guard;
-    share_accepts(fds.front());
+    share_accepts(fds.front(), true);
   }
   return !used;
 }

@@ -117,6 +117,9 @@ GS_EXPORT int listen(int fd, int backlog) {
     auto spec = spec_for_listen(fd);
     ListenArm arm(spec.get());
     Inside guard;
+    // From the first moment: note_listen turns it off where the transport
+    // listens on no kernel socket that forked processes could share.
+    share_accepts(fd, true);
     r = gs_listen(fd, backlog);
   }
   if (r == 0) {
