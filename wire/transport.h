@@ -163,6 +163,10 @@ struct TransportCaps {
   bool needs_recv_posts = true;   // immediates consume posted receives
   bool write_with_imm = true;     // false: iWARP-style write + 4-byte send
   uint32_t max_private_data = 0;  // bytes a connect/accept can carry
+  // A connection request may wait unread for as long as the listener's
+  // process takes (GS_ACCEPT_ON_DEMAND). Not with rdma_cm: a request left
+  // unanswered past its CM timeout fails at the client.
+  bool requests_wait = true;
 };
 
 // Can this domain register GPU memory, and if not, why: the answer a GPU proxy

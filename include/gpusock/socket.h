@@ -40,7 +40,8 @@ enum { RDMA_SQSIZE, RDMA_RQSIZE, RDMA_INLINE, RDMA_IOMAPSIZE, RDMA_ROUTE };
  * may be to this listener), not from the library's background thread, so that
  * requests a busy process would not serve stay where other processes listening
  * on the same port (a forked server over fabric:tcp) can take them. Off by
- * default: handshakes complete in the background, as a kernel's TCP does. */
+ * default: handshakes complete in the background, as a kernel's TCP does.
+ * Ignored over verbs, where rdma_cm's request times out unanswered. */
 #define SOL_GPUSOCK 0x67730000
 enum { GS_ACCEPT_ON_DEMAND = 1 };
 

@@ -81,7 +81,8 @@ void StreamSocket::count_connect_locked(bool on) {
 void StreamSocket::forget_connects_after_fork() { g_connects_under_way.store(0); }
 
 bool StreamSocket::takes_requests(bool by_application) const {
-  return by_application || !options_.accept_on_demand || g_connects_under_way.load(std::memory_order_seq_cst) > 0;
+  return by_application || !options_.accept_on_demand || !domain_->caps().requests_wait ||
+         g_connects_under_way.load(std::memory_order_seq_cst) > 0;
 }
 
 StreamSocket::~StreamSocket() {

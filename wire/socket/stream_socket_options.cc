@@ -202,7 +202,8 @@ int StreamSocket::getsockopt(int level, int name, void *val, socklen_t *len) {
     }
   }
   if (level == IPPROTO_IPV6 && name == IPV6_V6ONLY && family_ == AF_INET6) return put_value(val, len, v6only());
-  if (level == SOL_GPUSOCK && name == GS_ACCEPT_ON_DEMAND) return put_value(val, len, int(options_.accept_on_demand));
+  if (level == SOL_GPUSOCK && name == GS_ACCEPT_ON_DEMAND)  // in force: not over verbs (include/gpusock/socket.h)
+    return put_value(val, len, int(options_.accept_on_demand && domain_->caps().requests_wait));
   if (level == SOL_RDMA) {
     switch (name) {
       case 0:

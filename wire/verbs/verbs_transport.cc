@@ -20,6 +20,7 @@ const TransportCaps kVerbsCaps = {
     .needs_recv_posts = true,
     .write_with_imm = true,
     .max_private_data = 56,  // IB CM REQ user data after rdma_cm's 36-byte header
+    .requests_wait = false,  // rdma_cm's REQ times out unanswered
 };
 
 class VerbsListener final : public Listener {
