@@ -103,9 +103,18 @@ int not_now(int fd, ListenSpec &spec, int err) {
 
 }  // namespace
 
-void share_accepts(int gs_fd, bool on) {
-  const int value = on;
-  gs_setsockopt(gs_fd, SOL_GPUSOCK, GS_ACCEPT_ON_DEMAND, &value, sizeof value);
+// Does the listener take requests only when asked (GS_ACCEPT_ON_DEMAND in
+// force: the transport lets requests wait)?
+bool requests_wait(int gs_fd) {
+  int on = 0;
+  socklen_t len = sizeof on;
+  Inside guard;
+  return gs_getsockopt(gs_fd, SOL_GPUSOCK, GS_ACCEPT_ON_DEMAND, &on, &len) == 0 && on;
+}
+
+void share_accepts(int gs_fd) {
+  const int on = 1;
+  gs_setsockopt(gs_fd, SOL_GPUSOCK, GS_ACCEPT_ON_DEMAND, &on, sizeof on);
 }
 
 // ---------------------------------------------------------------- marks
@@ -140,14 +149,6 @@ void note_listen(int fd, int backlog) {
   spec.domain = spec.addr.ss_family;
   spec.backlog = backlog;
   spec.touch_mark = touches({fd});
-  // A kernel listening socket may come to be shared by forked processes: a
-  // connection stays in its queue until a process asks for one, so none is
-  // completed by a master that forks and sets its listener aside. Elsewhere
-  // handshakes complete in the background.
-  if (transport_listener(spec) < 0) {
-    Inside guard;
-    share_accepts(fd, false);
-  }
 }
 
 // ---------------------------------------------------------------- dormant listeners
@@ -165,7 +166,7 @@ int activate(int fd) {
   int r;
   {
     Inside guard;
-    share_accepts(tmp, spec->anchor >= 0);
+    share_accepts(tmp);
     r = gs_bind(tmp, reinterpret_cast<sockaddr *>(&spec->addr), spec->addr_len);
     ListenArm arm(spec.get());
     if (r == 0) r = gs_listen(tmp, spec->backlog);
@@ -243,19 +244,16 @@ bool prepare_listener_fork(const std::vector<int> &fds, const std::shared_ptr<So
     if (FdSlot *s = slot(fd); s && s->waiters.load()) used = true;
     if (!used && epoll_has_fd(fd)) used = true;
   }
-  // Connections already in its queue are this process's to accept. (Not asked
-  // of a listener on the shared queue: it took none unless the application
-  // asked, and asking here would take one off the queue at the last moment.)
-  if (!used && spec.anchor < 0) {
+  // Connections already in its queue are this process's to accept. (Asked of
+  // a listener only where its requests cannot wait (verbs): elsewhere it took
+  // none unless the application asked, and asking here would take one at the
+  // last moment.)
+  if (!used && !requests_wait(fds.front())) {
     pollfd p{fds.front(), POLLIN, 0};
     Inside guard;
     if (gs_poll(&p, 1, 0) > 0 && (p.revents & POLLIN)) used = true;
   }
   spec.touch_mark = touches(fds);
-  if (used && spec.anchor >= 0) {  // the parent goes on accepting beside its children
-    Inside guard;
-    share_accepts(fds.front(), true);
-  }
   return !used;
 }
 

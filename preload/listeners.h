@@ -39,11 +39,12 @@ namespace gpusock::preload {
 // listen() on gpusock fd is about to be made: its spec, to arm (ListenArm) so
 // the transport's socket gets IPV6_V6ONLY as the application set it.
 std::shared_ptr<ListenSpec> spec_for_listen(int fd);
-// GS_ACCEPT_ON_DEMAND on a gpusock listener: on where its kernel listening
-// queue is (or may come to be) shared by forked processes, so that a process
-// takes a connection only while it accepts or waits on the listener; off
-// where handshakes may complete in the background (listeners.h, top).
-void share_accepts(int gs_fd, bool on);
+// GS_ACCEPT_ON_DEMAND on a gpusock listener (on from listen()): a process
+// takes a connection only while it accepts or waits on the listener, so none
+// is taken by a master that forks and sets its listener aside, or by a worker
+// busy with another connection; the transport ignores it where requests
+// cannot wait (verbs).
+void share_accepts(int gs_fd);
 // listen() succeeded on gpusock fd: remember how to listen again elsewhere.
 void note_listen(int fd, int backlog);
 // setsockopt() on a gpusock socket before listen, or on a dormant listener:

@@ -117,9 +117,8 @@ GS_EXPORT int listen(int fd, int backlog) {
     auto spec = spec_for_listen(fd);
     ListenArm arm(spec.get());
     Inside guard;
-    // From the first moment: note_listen turns it off where the transport
-    // listens on no kernel socket that forked processes could share.
-    share_accepts(fd, true);
+    // From the first moment (listeners.h).
+    share_accepts(fd);
     r = gs_listen(fd, backlog);
   }
   if (r == 0) {
