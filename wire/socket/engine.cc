@@ -98,6 +98,8 @@ Engine::Engine() {
   defaults_.inline_size =
       static_cast<uint32_t>(env_or_rsocket_file("GPUSOCK_INLINE", "inline_default", wire::kDefaultInline, 0, 65535));
   close_flush_s_ = static_cast<int>(env_long("GPUSOCK_CLOSE_FLUSH_S", 10, 0, 3600));
+  if (env_long("GPUSOCK_ZCOPY", 1, 0, 1) != 0) zcopy_min_ = env_long("GPUSOCK_ZCOPY_MIN", 64 << 10, 4096, 1L << 30);
+  zcopy_cache_bytes_ = static_cast<size_t>(env_long("GPUSOCK_ZCOPY_CACHE_MB", 256, 1, 1 << 20)) << 20;
   const char *level = std::getenv("GPUSOCK_LOG");
   if (level) {
     if (!std::strcmp(level, "debug")) log_level_ = 2;
@@ -122,6 +124,11 @@ wire::Domain *Engine::domain(int *status) {
     if (!domain_opened_) {
       domain_status_ = wire::open_domain(inherited_transport_, &domain_, &domain_error_);
       if (domain_status_ == 0) log(1, "transport %s", domain_->caps().name);
+      if (domain_status_ == 0 && zcopy_min_ > 0) {
+        if (UnmapMonitor *monitor = UnmapMonitor::get())
+          reg_cache_ = std::make_unique<RegCache>(domain_.get(), monitor, zcopy_cache_bytes_);
+        else log(1, "zero-copy sends off: no userfaultfd to watch registered memory");
+      }
       domain_opened_ = true;
     }
   }
@@ -325,7 +332,8 @@ void Engine::fork_child() {
   for (auto &socket : e.closing_) abandoned->push_back(std::move(socket));
   e.closing_.clear();
   if (e.domain_) e.inherited_transport_ = e.domain_->caps().name;
-  (void)e.domain_.release();  // leaked with the sockets that point into it
+  (void)e.reg_cache_.release();  // its lock may be held by a parent's thread
+  (void)e.domain_.release();     // leaked with the sockets that point into it
   e.domain_opened_ = false;
   e.domain_status_ = 0;
   e.domain_error_.clear();
