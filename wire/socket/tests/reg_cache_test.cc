@@ -58,14 +58,15 @@ class RegCacheTest : public ::testing::Test {
 
 TEST_F(RegCacheTest, HitAfterMissAndInsideARange) {
   make_cache(64 << 20);
-  void *p = map(kBuf);
+  constexpr size_t kMapped = kBuf + 4096 * 3;
+  void *p = map(kMapped);
   EXPECT_FALSE(touch(p, kBuf));
   EXPECT_TRUE(touch(p, kBuf));
   EXPECT_TRUE(touch(static_cast<char *>(p) + 100, 5000));  // inside the cached pages
-  EXPECT_FALSE(touch(p, kBuf + 4096 * 3 - 1000));          // grew past them: a new, larger entry
+  EXPECT_FALSE(touch(p, kMapped - 1000));                  // grew past them: a new, larger entry
   EXPECT_TRUE(touch(p, kBuf));
   EXPECT_EQ(cache_->stats().misses, 2u);
-  munmap(p, kBuf + 4096 * 3);
+  munmap(p, kMapped);
 }
 
 TEST_F(RegCacheTest, EvictsLeastRecentlyUsedPastTheCap) {
