@@ -14,6 +14,7 @@
 #include <malloc.h>
 #include <sys/mman.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -142,6 +143,63 @@ TEST(ZeroCopySend, ReusedBuffersArriveWithTheirNewContents) {
     EXPECT_GT(stats.hits, 0u);           // the kept buffer
     EXPECT_GT(stats.invalidations, 0u);  // everything else
   }
+}
+
+// A zero-copy sender and a copy-path sender on one socket: neither waits
+// forever for the other, and every byte of both comes back once.
+TEST(ZeroCopySend, ConcurrentCopySenderLosesNothing) {
+  const int port = free_port();
+  PeerProcess echo(GS_TEST_PEER, {"echo", std::to_string(port)});
+  ASSERT_GT(echo.pid(), 0);
+  const int fd = connect_retry(test_address(port), {.seconds = 10, .pause_ms = 10});
+  ASSERT_GE(fd, 0) << gs_last_error();
+  constexpr size_t kLarge = 1 << 20, kSmall = 1000;
+  constexpr int kLargeCount = 16, kSmallCount = 4000;
+  std::thread large([&] {
+    std::vector<uint8_t> buf(kLarge, 'A');
+    for (int i = 0; i < kLargeCount; ++i)
+      if (!send_all(fd, buf.data(), buf.size())) return;
+  });
+  std::thread small([&] {
+    std::vector<uint8_t> buf(kSmall, 'B');
+    for (int i = 0; i < kSmallCount; ++i)
+      if (!send_all(fd, buf.data(), buf.size())) return;
+  });
+  std::vector<uint8_t> got(1 << 16);
+  size_t a = 0, b = 0, other = 0;
+  while (a + b + other < kLarge * kLargeCount + kSmall * kSmallCount) {
+    const ssize_t n = gs_recv(fd, got.data(), got.size(), 0);
+    ASSERT_GT(n, 0) << gs_last_error();
+    for (ssize_t i = 0; i < n; ++i) (got[i] == 'A' ? a : got[i] == 'B' ? b : other) += 1;
+  }
+  large.join();
+  small.join();
+  EXPECT_EQ(a, kLarge * kLargeCount);
+  EXPECT_EQ(b, kSmall * kSmallCount);
+  EXPECT_EQ(other, 0u);
+  gs_close(fd);
+}
+
+// The peer dies while a zero-copy send waits for room: the send comes back
+// (with what went out, or the error) instead of waiting for writes that will
+// never complete, and the buffer may be freed.
+TEST(ZeroCopySend, PeerDeathEndsTheSend) {
+  const int port = free_port();
+  PeerProcess stall(GS_TEST_PEER, {"stall", std::to_string(port), "60000"});
+  ASSERT_GT(stall.pid(), 0);
+  const int fd = connect_retry(test_address(port), {.seconds = 10, .pause_ms = 10});
+  ASSERT_GE(fd, 0) << gs_last_error();
+  constexpr size_t kSize = 16 << 20;
+  ssize_t sent = 0;
+  std::thread writer([&] {
+    std::vector<uint8_t> buf(kSize, 7);
+    sent = gs_send(fd, buf.data(), buf.size(), 0);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  stall.kill9();
+  writer.join();
+  EXPECT_LT(sent, static_cast<ssize_t>(kSize));
+  gs_close(fd);
 }
 
 }  // namespace
