@@ -124,11 +124,6 @@ wire::Domain *Engine::domain(int *status) {
     if (!domain_opened_) {
       domain_status_ = wire::open_domain(inherited_transport_, &domain_, &domain_error_);
       if (domain_status_ == 0) log(1, "transport %s", domain_->caps().name);
-      if (domain_status_ == 0 && zcopy_min_ > 0) {
-        if (UnmapMonitor *monitor = UnmapMonitor::get())
-          reg_cache_ = std::make_unique<RegCache>(domain_.get(), monitor, zcopy_cache_bytes_);
-        else log(1, "zero-copy sends off: no userfaultfd to watch registered memory");
-      }
       domain_opened_ = true;
     }
   }
@@ -138,6 +133,18 @@ wire::Domain *Engine::domain(int *status) {
     return nullptr;
   }
   return domain_.get();
+}
+
+RegCache *Engine::reg_cache() {
+  if (zcopy_min_ == 0) return nullptr;
+  std::lock_guard lock(domain_mu_);
+  if (!reg_cache_tried_ && domain_) {
+    reg_cache_tried_ = true;
+    if (UnmapMonitor *monitor = UnmapMonitor::get())
+      reg_cache_ = std::make_unique<RegCache>(domain_.get(), monitor, zcopy_cache_bytes_);
+    else log(1, "zero-copy sends off: no userfaultfd to watch registered memory");
+  }
+  return reg_cache_.get();
 }
 
 void Engine::start_background() {
@@ -333,7 +340,8 @@ void Engine::fork_child() {
   e.closing_.clear();
   if (e.domain_) e.inherited_transport_ = e.domain_->caps().name;
   (void)e.reg_cache_.release();  // its lock may be held by a parent's thread
-  (void)e.domain_.release();     // leaked with the sockets that point into it
+  e.reg_cache_tried_ = false;
+  (void)e.domain_.release();  // leaked with the sockets that point into it
   e.domain_opened_ = false;
   e.domain_status_ = 0;
   e.domain_error_.clear();

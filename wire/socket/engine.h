@@ -41,9 +41,10 @@ class Engine {
   int dup(int fd, int newfd, int flags);
 
   // Zero-copy sends (docs/performance.md): the registration cache of the
-  // domain, nullptr when zero-copy is off (GPUSOCK_ZCOPY=0) or cannot be done
-  // safely here (no userfaultfd); and the smallest blocking send that uses it.
-  RegCache *reg_cache() const { return reg_cache_.get(); }
+  // domain, made on the first large send (with the thread that watches its
+  // memory); nullptr when zero-copy is off (GPUSOCK_ZCOPY=0) or cannot be
+  // done safely here (no userfaultfd); and the smallest send that uses it.
+  RegCache *reg_cache();
   size_t zcopy_min() const { return zcopy_min_; }
 
   const SocketOptions &default_options() const { return defaults_; }
@@ -78,7 +79,8 @@ class Engine {
   int domain_status_ = 0;
   std::string domain_error_;
   std::unique_ptr<RegCache> reg_cache_;  // after domain_: goes first
-  size_t zcopy_min_ = 0;                 // 0: zero-copy off
+  bool reg_cache_tried_ = false;
+  size_t zcopy_min_ = 0;  // 0: zero-copy off
   size_t zcopy_cache_bytes_ = 0;
   // A forked child opens the transport its parent had, whatever its
   // environment says by then (nginx clears its workers' environment).

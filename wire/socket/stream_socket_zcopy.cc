@@ -21,11 +21,11 @@ constexpr int kRetirePollMs = 100;
 
 bool StreamSocket::send_zero_copy_locked(std::unique_lock<std::mutex> &lock, const iovec &iov, ssize_t *result) {
   Engine &engine = Engine::get();
-  RegCache *cache = engine.reg_cache();
-  if (cache == nullptr || engine.zcopy_min() == 0 || iov.iov_len < engine.zcopy_min() || zero_copy_active_ ||
+  if (engine.zcopy_min() == 0 || iov.iov_len < engine.zcopy_min() || zero_copy_active_ ||
       conn_.core().send_status() < 0)
     return false;
-  RegCache::Entry *entry = cache->acquire(iov.iov_base, iov.iov_len);
+  RegCache *cache = engine.reg_cache();
+  RegCache::Entry *entry = cache ? cache->acquire(iov.iov_base, iov.iov_len) : nullptr;
   if (entry == nullptr) return false;
   zero_copy_active_ = true;
   Stream &core = conn_.core();
