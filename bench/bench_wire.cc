@@ -2,6 +2,8 @@
 //
 //   rtt/gpusock_tcp/64, rtt/gpusock_shm/64    64 B echo round trip over gpusock
 //   bw/gpusock_{tcp,shm}/{64K,256K,1M}        one-way streaming, acked per 16 MiB
+//   bw/gpusock_{tcp,shm}_copy/...             the same with zero-copy sends off
+//                                             (GPUSOCK_ZCOPY=0): the copy path
 //   rtt/kernel_tcp/64, bw/kernel_tcp/...      the same over kernel TCP loopback
 //   rtt/raw_{tcp,shm}/64                      64 B write-with-immediate ping-pong
 //   bw/raw_{tcp,shm}/...                      streaming writes with immediate
@@ -105,7 +107,18 @@ class SocketPeer : public Peer {
     server_.stop(kChildGraceMs);
   }
 
-  bool start(const std::string &transport, std::string *error) {
+  // "T+copy": transport T with zero-copy sends off in both processes.
+  bool start(const std::string &spec, std::string *error) {
+    const bool copy = spec.size() > 5 && spec.compare(spec.size() - 5, 5, "+copy") == 0;
+    const std::string transport = copy ? spec.substr(0, spec.size() - 5) : spec;
+    if (copy) setenv("GPUSOCK_ZCOPY", "0", 1);  // posix_spawn passes environ on
+    const bool ok = start_processes(transport, error);
+    if (copy) unsetenv("GPUSOCK_ZCOPY");
+    return ok;
+  }
+
+ private:
+  bool start_processes(const std::string &transport, std::string *error) {
     std::vector<int> holders;
     int echo_port = free_port(&holders);
     int sink_port = free_port(&holders);
@@ -138,6 +151,7 @@ class SocketPeer : public Peer {
     return true;
   }
 
+ public:
   // Runs one command; *ns is how long the drive measured it.
   bool command(const std::string &text, long long *ns, std::string *error) {
     std::string line = text + "\n";
@@ -602,13 +616,15 @@ void register_benchmarks() {
   };
   const Group socket_groups[] = {{"gpusock_tcp", "fabric:tcp"}, {"gpusock_shm", "fabric:shm"}};
   const Group raw_groups[] = {{"raw_tcp", "fabric:tcp"}, {"raw_shm", "fabric:shm"}};
-  auto socket_group = [&](const Group &g) {
+  const Group copy_groups[] = {{"gpusock_tcp_copy", "fabric:tcp+copy"}, {"gpusock_shm_copy", "fabric:shm+copy"}};
+  auto socket_group = [&](const Group &g, bool rtt = true) {
     std::string t = g.transport;
-    benchmark::RegisterBenchmark((std::string("rtt/") + g.name).c_str(),
-                                 [t](benchmark::State &s) { BM_SocketRtt(s, t); })
-        ->Arg(64)
-        ->UseManualTime()
-        ->Unit(benchmark::kMicrosecond);
+    if (rtt)
+      benchmark::RegisterBenchmark((std::string("rtt/") + g.name).c_str(),
+                                   [t](benchmark::State &s) { BM_SocketRtt(s, t); })
+          ->Arg(64)
+          ->UseManualTime()
+          ->Unit(benchmark::kMicrosecond);
     for (int64_t size : sizes)
       benchmark::RegisterBenchmark((std::string("bw/") + g.name).c_str(),
                                    [t](benchmark::State &s) { BM_SocketBandwidth(s, t); })
@@ -631,6 +647,7 @@ void register_benchmarks() {
   };
   for (int i = 0; i < 2; ++i) {
     socket_group(socket_groups[i]);
+    socket_group(copy_groups[i], false);  // zero-copy off, right after it on
     raw_group(raw_groups[i]);
   }
   socket_group({"kernel_tcp", "kernel"});

@@ -235,7 +235,8 @@ bool ConnectionDriver::poll_completions() {
   }
 }
 
-// Posts one Action: receives, a data write from the send ring, or a control
+// Posts one Action: receives, a data write from the send ring (or the
+// zero-copy source), or a control
 // record copied into the next staging slot. At most kQpCtrlSize control writes
 // are outstanding, so slots used round-robin are never overwritten in flight.
 gs_status_t ConnectionDriver::post_action(const Action &a) {
@@ -249,7 +250,13 @@ gs_status_t ConnectionDriver::post_action(const Action &a) {
   w.token = a.token;
   w.inline_data = a.inline_ok;
   const bool data = a.write_kind == WriteKind::kData;
-  if (data) {
+  // A zero-copy source starts after everything the ring held was posted and
+  // ends before anything the ring holds next, so a write is all one or the other.
+  const uint64_t in_source = core_.send_posted() - source_.begin;
+  if (data && in_source < source_.length) {
+    w.local = source_.base + in_source;
+    w.region = source_.region;
+  } else if (data) {
     w.local = sbuf_ + a.sbuf_offset;
     w.region = &sbuf_mr_;
   } else {

@@ -91,6 +91,15 @@ class ConnectionDriver {
   // Disconnects and deregisters; frees what the driver allocated.
   void release();
 
+  // Zero-copy sends: the stream bytes [begin, begin + length) are written from
+  // `base` (inside `region`) instead of the send ring. The owner commits them
+  // to the core without copying, commits nothing after them until they are
+  // acknowledged (core().send_acked()), and keeps `base` unchanged till then.
+  void set_send_source(uint64_t begin, const uint8_t *base, uint64_t length, const MemoryRegion *region) {
+    source_ = {begin, base, length, region};
+  }
+  void clear_send_source() { source_ = {}; }
+
   DriverState state() const { return state_; }
   gs_status_t error() const { return error_; }  // kFailed: a negated errno
   Stream &core() { return core_; }
@@ -125,6 +134,12 @@ class ConnectionDriver {
   uint8_t *meta_ = nullptr;  // target table + control staging
   MemoryRegion rbuf_mr_{}, sbuf_mr_{}, meta_mr_{};
   uint32_t ctrl_stage_next_ = 0;
+  struct SendSource {
+    uint64_t begin = 0;
+    const uint8_t *base = nullptr;
+    uint64_t length = 0;
+    const MemoryRegion *region = nullptr;
+  } source_;
 };
 
 // A listener's next connection request whose record decodes (into *peer):

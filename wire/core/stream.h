@@ -123,6 +123,11 @@ class Stream {
   // Bytes committed but not yet acknowledged by write completions.
   GS_HD uint64_t send_unacked() const { return send_tail_ - send_done_; }
   GS_HD uint64_t send_unposted() const { return send_tail_ - send_posted_; }
+  // Stream positions (bytes since the connection began) of the send side:
+  // committed by the app, posted to the transport, acknowledged by completions.
+  GS_HD uint64_t send_committed() const { return send_tail_; }
+  GS_HD uint64_t send_posted() const { return send_posted_; }
+  GS_HD uint64_t send_acked() const { return send_done_; }
 
   // ---- application: receiving ----
   // Contiguous readable bytes at the head of the receive ring.

@@ -98,6 +98,8 @@ Engine::Engine() {
   defaults_.inline_size =
       static_cast<uint32_t>(env_or_rsocket_file("GPUSOCK_INLINE", "inline_default", wire::kDefaultInline, 0, 65535));
   close_flush_s_ = static_cast<int>(env_long("GPUSOCK_CLOSE_FLUSH_S", 10, 0, 3600));
+  if (env_long("GPUSOCK_ZCOPY", 1, 0, 1) != 0) zcopy_min_ = env_long("GPUSOCK_ZCOPY_MIN", 64 << 10, 4096, 1L << 30);
+  zcopy_cache_bytes_ = static_cast<size_t>(env_long("GPUSOCK_ZCOPY_CACHE_MB", 256, 1, 1 << 20)) << 20;
   const char *level = std::getenv("GPUSOCK_LOG");
   if (level) {
     if (!std::strcmp(level, "debug")) log_level_ = 2;
@@ -131,6 +133,18 @@ wire::Domain *Engine::domain(int *status) {
     return nullptr;
   }
   return domain_.get();
+}
+
+RegCache *Engine::reg_cache() {
+  if (zcopy_min_ == 0) return nullptr;
+  std::lock_guard lock(domain_mu_);
+  if (!reg_cache_tried_ && domain_) {
+    reg_cache_tried_ = true;
+    if (UnmapMonitor *monitor = UnmapMonitor::get())
+      reg_cache_ = std::make_unique<RegCache>(domain_.get(), monitor, zcopy_cache_bytes_);
+    else log(1, "zero-copy sends off: no userfaultfd to watch registered memory");
+  }
+  return reg_cache_.get();
 }
 
 void Engine::start_background() {
@@ -325,6 +339,8 @@ void Engine::fork_child() {
   for (auto &socket : e.closing_) abandoned->push_back(std::move(socket));
   e.closing_.clear();
   if (e.domain_) e.inherited_transport_ = e.domain_->caps().name;
+  (void)e.reg_cache_.release();  // its lock may be held by a parent's thread
+  e.reg_cache_tried_ = false;
   (void)e.domain_.release();                   // leaked with the sockets that point into it
   StreamSocket::forget_connects_after_fork();  // the abandoned sockets' connects are not this process's
   e.domain_opened_ = false;

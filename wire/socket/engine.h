@@ -4,6 +4,7 @@
 // sends, finishing closes) — what a kernel's TCP stack does on its own.
 #pragma once
 
+#include "wire/socket/reg_cache.h"
 #include "wire/socket/stream_socket.h"
 
 #include <atomic>
@@ -39,6 +40,13 @@ class Engine {
   // dup/dup2/dup3 for socket fds: the new fd refers to the same socket.
   int dup(int fd, int newfd, int flags);
 
+  // Zero-copy sends (docs/performance.md): the registration cache of the
+  // domain, made on the first large send (with the thread that watches its
+  // memory); nullptr when zero-copy is off (GPUSOCK_ZCOPY=0) or cannot be
+  // done safely here (no userfaultfd); and the smallest send that uses it.
+  RegCache *reg_cache();
+  size_t zcopy_min() const { return zcopy_min_; }
+
   const SocketOptions &default_options() const { return defaults_; }
   // A socket gained work for the background thread (a listener, a connect
   // under way, bytes waiting for credits, keepalive, a close): wakes the
@@ -70,6 +78,10 @@ class Engine {
   std::unique_ptr<wire::Domain> domain_;
   int domain_status_ = 0;
   std::string domain_error_;
+  std::unique_ptr<RegCache> reg_cache_;  // after domain_: goes first
+  bool reg_cache_tried_ = false;
+  size_t zcopy_min_ = 0;  // 0: zero-copy off
+  size_t zcopy_cache_bytes_ = 0;
   // A forked child opens the transport its parent had, whatever its
   // environment says by then (nginx clears its workers' environment).
   std::string inherited_transport_;

@@ -400,6 +400,11 @@ int StreamSocket::wait_locked(std::unique_lock<std::mutex> &lock, Pred ready, in
   }
 }
 
+int StreamSocket::wait_for_locked(std::unique_lock<std::mutex> &lock, const std::function<bool()> &ready,
+                                  int timeout_ms) {
+  return wait_locked(lock, ready, timeout_ms);
+}
+
 // What to sleep on: the listener and its handshakes in flight, or the
 // connection's endpoint; each armed first (Endpoint::arm_wait). Several
 // threads may sleep on one endpoint (a blocked call and the engine's
@@ -539,12 +544,20 @@ ssize_t StreamSocket::send(const iovec *iov, int iovcnt, int flags) {
   std::unique_lock lock(mu_);
   if (int rc = ready_for_data_locked(lock, flags); rc < 0) return rc;
   const bool dontwait = nonblocking_ || (flags & MSG_DONTWAIT);
+  if (ssize_t sent; !dontwait && iovcnt == 1 && send_zero_copy_locked(lock, iov[0], &sent)) return sent;
   size_t done = 0;
   bool progressed = false;
   for (;;) {
     const int status = conn_.core().send_status();
     if (status < 0) return done > 0 ? static_cast<ssize_t>(done) : status;
     if (total == 0) return 0;  // §2.8: nothing goes on the wire
+    if (zero_copy_active_) {   // another thread's bytes go out from its buffer first
+      if (dontwait) return done > 0 ? static_cast<ssize_t>(done) : -EAGAIN;
+      int rc = wait_locked(
+          lock, [&] { return !zero_copy_active_; }, -1);
+      if (rc < 0) return done > 0 ? static_cast<ssize_t>(done) : rc;
+      continue;
+    }
     while (done < total) {
       uint32_t offset;
       uint32_t space = conn_.core().send_space(&offset);

@@ -15,6 +15,7 @@
 #include <atomic>
 #include <chrono>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -109,6 +110,10 @@ class StreamSocket {
   void note_error_locked(int err, const char *why);
   static void on_driver_error(void *self, gs_status_t err, const char *why);
   int wait_connected_locked(std::unique_lock<std::mutex> &lock);
+  // A blocking send of one large buffer, written from the buffer itself
+  // (stream_socket_zcopy.cc): false when it does not apply (the caller copies).
+  bool send_zero_copy_locked(std::unique_lock<std::mutex> &lock, const iovec &iov, ssize_t *result);
+  int wait_zero_copy_retired_locked(std::unique_lock<std::mutex> &lock, uint64_t end);
   int ready_for_data_locked(std::unique_lock<std::mutex> &lock, int flags);
   void keepalive_tick_locked();
   // by_application: a call of the application's (not the background thread);
@@ -126,6 +131,8 @@ class StreamSocket {
   }
   template <class Pred>
   int wait_locked(std::unique_lock<std::mutex> &lock, Pred ready, int timeout_ms);
+  // wait_locked for files that do not see its definition.
+  int wait_for_locked(std::unique_lock<std::mutex> &lock, const std::function<bool()> &ready, int timeout_ms);
 
   std::mutex mu_;
   wire::Domain *domain_;
@@ -146,6 +153,7 @@ class StreamSocket {
   wire::ConnectionDriver conn_;
   bool closing_ = false;
   bool connect_counted_ = false;
+  bool zero_copy_active_ = false;  // a send writes from its caller's buffer: no one else commits
   Clock::time_point next_keepalive_{};
 
   // listener
