@@ -428,7 +428,9 @@ TEST_P(FabricTest, ListenerClosedKeepsHandedOutRequest) {
   std::unique_ptr<Endpoint> late;
   ASSERT_EQ(domain_->create_endpoint(nullptr, &late), 0);
   const int late_rc = late->connect(reinterpret_cast<sockaddr *>(&addr), sizeof(addr), rec.data(), 40);
-  if (late_rc != 0) EXPECT_EQ(late_rc, -ECONNREFUSED);
+  if (late_rc != 0) {
+    EXPECT_EQ(late_rc, -ECONNREFUSED);
+  }
 
   std::unique_ptr<Endpoint> server;
   ASSERT_EQ(domain_->create_endpoint(request.get(), &server), 0);
