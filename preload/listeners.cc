@@ -54,14 +54,14 @@ uint32_t touches(const std::vector<int> &fds) {
 }
 
 // fabric:tcp: the kernel listening socket libfabric made for this listener
-// (one of the transport's fds, listening, on the same port); -1 if the
-// transport listens on no kernel socket (shm, verbs).
-int transport_listener(const ListenSpec &spec) {
+// (one of the transport's fds, listening, on the same port): duplicated so
+// that it outlives this process's listener and is inherited by children.
+int find_anchor(const ListenSpec &spec) {
   const Real &R = real();
   const uint16_t want = spec_port(spec);
-  int found = -1;
+  int anchor = -1;
   for_each_slot(0, ~0u, [&](int fd, FdSlot &s) {
-    if (found >= 0 || s.kind.load() != kTransport) return;
+    if (anchor >= 0 || s.kind.load() != kTransport) return;
     int on = 0;
     socklen_t ol = sizeof on;
     sockaddr_storage ss{};
@@ -70,16 +70,9 @@ int transport_listener(const ListenSpec &spec) {
     if (R.getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &on, &ol) < 0 || !on) return;
     if (R.getsockname(fd, reinterpret_cast<sockaddr *>(&ss), &sl) < 0 || ss.ss_family != spec.domain) return;
     if (port_of(reinterpret_cast<sockaddr *>(&ss), sl, &port) < 0 || port != want) return;
-    found = fd;
+    anchor = R.fcntl(fd, F_DUPFD_CLOEXEC, 0);
   });
-  return found;
-}
-
-// The anchor: that socket duplicated, so that it outlives this process's
-// listener and is inherited by children.
-int find_anchor(const ListenSpec &spec) {
-  const int fd = transport_listener(spec);
-  return fd < 0 ? -1 : real().fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  return anchor;
 }
 
 // Activation failed: not now; the log says why once; try again after kRetryMs.
