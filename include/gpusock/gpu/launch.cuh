@@ -190,7 +190,7 @@ class CudaMemoryResource final : public MemoryResource {
     }
     void *d = nullptr;
     if (cudaMalloc(&d, size) != cudaSuccess) return -ENOMEM;
-    if (cudaMemset(d, 0, size) != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess) {
+    if (zero_device(d, size) != 0) {
       cudaFree(d);
       return -EIO;
     }
@@ -205,6 +205,18 @@ class CudaMemoryResource final : public MemoryResource {
   }
 
  private:
+  // Zeroes on a stream of its own and waits for that stream only: a kernel
+  // already running (a GPU server, or a listener another kernel is about to
+  // connect to) must not hold up an allocation, as cudaDeviceSynchronize or
+  // the legacy stream's cudaMemset would until it returned.
+  static int zero_device(void *d, size_t size) {
+    cudaStream_t s = nullptr;
+    if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) return -EIO;
+    const bool ok = cudaMemsetAsync(d, 0, size, s) == cudaSuccess && cudaStreamSynchronize(s) == cudaSuccess;
+    cudaStreamDestroy(s);
+    return ok ? 0 : -EIO;
+  }
+
   int device_;
   char name_[32];
 };
