@@ -19,7 +19,10 @@
 //
 //   gpu_bench [--host-backend] [--transport T] [--iters N] [--stream-mib M]
 //             [--p5-mib M] [--p6-blocks B] [--p6-ms MS] [--threads T] [--rings BYTES]
-// The CPU peers are gpu_test_peer processes beside this binary.
+//             [--proxy-cpus LIST]
+// The CPU peers are gpu_test_peer processes beside this binary (they inherit
+// its CPU affinity: run it under taskset to keep them off the proxy's core).
+// GS_BENCH_ECHO_PEER picks the echo peer's mode for echo_rtt_64B.
 #include "gpu/tests/harness.h"
 #include "test-support/timing.h"
 
@@ -368,10 +371,11 @@ int main(int argc, char **argv) {
     else if (a == "--threads") threads_arg = std::atoi(next());
     else if (a == "--rings") rings = static_cast<uint32_t>(std::atol(next()));
     else if (a == "--micro") micro = true;
+    else if (a == "--proxy-cpus") options.cpus = next();
     else {
       std::fprintf(stderr,
                    "usage: %s [--host-backend] [--transport T] [--iters N] [--stream-mib M] [--p5-mib M] "
-                   "[--p6-blocks B] [--p6-ms MS] [--threads T] [--rings BYTES]\n",
+                   "[--p6-blocks B] [--p6-ms MS] [--threads T] [--rings BYTES] [--proxy-cpus LIST]\n",
                    argv[0]);
       return 2;
     }
@@ -403,7 +407,11 @@ int main(int argc, char **argv) {
   auto memory = memory_resource_for(backend);
   std::unique_ptr<Proxy> proxy;
   if (int rc = Proxy::start(options, memory.get(), &proxy); rc < 0) return 1;
-  const DeviceContext ctx = proxy->device_context();
+  // The proxy serves every inline mode (P4 compares them); every other row
+  // runs with the default's, as a program would (a kernel's copy may have fewer).
+  const DeviceContext all_modes = proxy->device_context();
+  DeviceContext ctx = all_modes;
+  ctx.flags &= default_inline;
   const char *transport = std::getenv("GPUSOCK_TRANSPORT");
   std::printf("gpu_bench: %s backend, transport %s, %u threads per block, %u B rings\n  %s\n", backend_name(backend),
               transport ? transport : "(default)", threads, rings, proxy->placement().c_str());
@@ -526,7 +534,10 @@ int main(int argc, char **argv) {
   // ---- GPU client echo
   {
     const int port = gpusock::test::free_port();
-    Peer echo({"echo", std::to_string(port)});
+    // GS_BENCH_ECHO_PEER=echo1: the blocking one-connection loop P4's CPU
+    // server runs, instead of the gs_poll loop over listener and connection.
+    const char *peer_mode = std::getenv("GS_BENCH_ECHO_PEER");
+    Peer echo({peer_mode && *peer_mode ? peer_mode : "echo", std::to_string(port)});
     BenchResult *r = res_host + slot;
     if (grid.start(backend, shape,
                    PingPongKernel{ctx, port, iters, static_cast<uint8_t *>(small.device), res_dev + slot}) == 0 &&
@@ -569,7 +580,7 @@ int main(int argc, char **argv) {
     for (Mode &m : modes) {
       if (slot >= kResults) break;
       BenchResult *r = res_host + slot;
-      DeviceContext c = ctx;
+      DeviceContext c = all_modes;
       c.flags &= m.flags;
       if (grid.start(backend, shape,
                      EchoServerKernel{c, listener, static_cast<uint8_t *>(big.device), 1u << 16, res_dev + slot}) ==
