@@ -356,7 +356,7 @@ double run_client(std::vector<std::string> args, const std::string &out, int ms)
 int main(int argc, char **argv) {
   bool force_host = false, micro = false;
   int iters = 0, stream_mib = 0, p5_mib = 0, p6_blocks = 0, p6_ms = 1000, threads_arg = 0;
-  uint32_t rings = 1u << 17;  // the CPU sockets' default (wire::kDefaultBufSize): like for like
+  uint32_t rings = ProxyOptions{}.rbuf_size;  // what a GPU program gets; the CPU peers keep theirs (128 KiB)
   ProxyOptions options;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
