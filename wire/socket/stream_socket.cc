@@ -290,9 +290,9 @@ bool StreamSocket::accept_requests_locked(bool take_new) {
 // A handshake the driver finished (or failed) becomes the socket's role.
 void StreamSocket::adopt_driver_state_locked() {
   if (role_ != Role::kConnecting && role_ != Role::kAccepting) return;
-  if (conn_.state() == DriverState::kConnected || conn_.state() == DriverState::kFailed) count_connect_locked(false);
   switch (conn_.state()) {
     case DriverState::kConnected:
+      count_connect_locked(false);
       role_ = Role::kConnected;
       if (Endpoint *ep = conn_.endpoint()) {
         ep->local_address(&local_addr_, &local_len_);
@@ -300,6 +300,7 @@ void StreamSocket::adopt_driver_state_locked() {
       }
       break;
     case DriverState::kFailed:
+      count_connect_locked(false);
       so_error_ = -conn_.error();
       role_ = role_ == Role::kConnecting ? Role::kNew : Role::kClosed;
       break;
