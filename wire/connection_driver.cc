@@ -140,7 +140,7 @@ void ConnectionDriver::abort() {
 
 // ---------------------------------------------------------------- progress
 
-bool ConnectionDriver::progress() {
+bool ConnectionDriver::progress(int quiet_fd) {
   switch (state_) {
     case DriverState::kConnecting:
     case DriverState::kAccepting: {
@@ -152,7 +152,9 @@ bool ConnectionDriver::progress() {
       // maybe_ready: a few loads, so hundreds of idle connections cost a
       // pass (the proxy's) next to nothing.
       bool did = false;
-      if (endpoint_->maybe_ready()) {
+      const bool fd_quiet =
+          quiet_fd >= 0 && endpoint_->wait_fd() == quiet_fd && endpoint_->quiet_unless_fd_readable();
+      if (!fd_quiet && endpoint_->maybe_ready()) {
         did = poll_completions();
         did |= poll_cm();
       }

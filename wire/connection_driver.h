@@ -75,8 +75,11 @@ class ConnectionDriver {
   // decoded to `peer` (kAccepting until the transport says established).
   gs_status_t accept(ConnectionRequest *request, const ConnRecord &peer, const DriverConfig &config);
 
-  // One progress pass; true if anything happened.
-  bool progress();
+  // One progress pass; true if anything happened. quiet_fd: a wait fd the
+  // caller has just polled and found not readable (-1: none); when it is this
+  // endpoint's and the endpoint says that settles it
+  // (Endpoint::quiet_unless_fd_readable), the transport is not polled.
+  bool progress(int quiet_fd = -1);
   // Posts what the core has to post now; true if anything was posted.
   bool post_actions();
 

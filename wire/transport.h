@@ -115,10 +115,21 @@ class Endpoint {
   // already be there (poll first, then ask again). It may drain wake-ups
   // already delivered. The transport's fi_trywait.
   virtual gs_status_t arm_wait() { return -EAGAIN; }
+  // arm_wait() for a caller that has just polled wait_fd() and found it not
+  // readable: a transport whose fd carries wake-up datagrams need not read
+  // them first (fabric:shm's bell: a system call saved per endpoint when
+  // gs_poll sleeps on hundreds). Default: arm_wait().
+  virtual gs_status_t arm_wait_fd_quiet() { return arm_wait(); }
   // A cheap look, no system call and no provider lock: may poll() or
   // poll_cm() find something now? False positives are allowed, false
   // negatives never: a transport without such a look answers true.
   virtual bool maybe_ready() const { return true; }
+  // For a caller that looks at many endpoints' wait fds in one system call
+  // (gs_poll over hundreds of sockets): true when, as long as wait_fd() does
+  // not poll readable, poll() and poll_cm() would find nothing new. The
+  // caller may then skip them (on tcp each is a system call) for an endpoint
+  // whose fd it has just found quiet. False when only poll() can tell.
+  virtual bool quiet_unless_fd_readable() const { return false; }
 };
 
 // A connection request seen by a listener, not yet accepted.
@@ -140,6 +151,7 @@ class Listener {
   // Waiting for requests, as Endpoint's three calls (for get_request()).
   virtual int wait_fd() const { return -1; }
   virtual gs_status_t arm_wait() { return -EAGAIN; }
+  virtual gs_status_t arm_wait_fd_quiet() { return arm_wait(); }
   virtual bool maybe_ready() const { return true; }
 };
 
@@ -167,6 +179,10 @@ struct TransportCaps {
   // process takes (GS_ACCEPT_ON_DEMAND). Not with rdma_cm: a request left
   // unanswered past its CM timeout fails at the client.
   bool requests_wait = true;
+  // An established endpoint's quiet wait fd may stand for an idle endpoint
+  // (Endpoint::quiet_unless_fd_readable can be true): worth polling many of
+  // those fds in one system call instead of polling each endpoint.
+  bool quiet_fd_means_idle = false;
 };
 
 // Can this domain register GPU memory, and if not, why: the answer a GPU proxy

@@ -200,6 +200,8 @@ gs_status_t FabricDomainBase::open_base(std::string *error) {
   caps_.device_memory = want_hmem && (info_->caps & FI_HMEM) != 0;
   caps_.needs_recv_posts = rx_cq_data_ || attr_.imm_consumes_recv;
   caps_.write_with_imm = true;
+  // FI_EP_MSG: the CQ's wait fd is an epoll set over the connection's socket.
+  caps_.quiet_fd_means_idle = attr_.ep_type == FI_EP_MSG;
   caps_.max_private_data = std::min<uint32_t>(attr_.max_private_data, sizeof(CmEvent{}.peer_private_data));
   return 0;
 }

@@ -29,6 +29,7 @@ class MsgEndpoint final : public FabricEndpointBase {
   int wait_fd() const override { return wait_fd_; }
   gs_status_t arm_wait() override;
   bool maybe_ready() const override;
+  bool quiet_unless_fd_readable() const override;
 
  private:
   gs_status_t open_ep(fi_info *info);
@@ -274,6 +275,16 @@ bool MsgEndpoint::maybe_ready() const {
   // look without a system call sees them (tcp turns them into completions in
   // fi_cq_read).
   return state_ == State::kConnecting || state_ == State::kAccepting || state_ == State::kEstablished;
+}
+
+// Established, with nothing of ours in flight or left in the CQ: tcp turns
+// new bytes into completions only when its socket is readable (or writable
+// while sends are queued), which makes our wait fd, the CQ's epoll set,
+// readable; a peer's FI_SHUTDOWN comes the same way. A write still in the
+// ring may complete without the fd saying so, hence ring_.empty().
+bool MsgEndpoint::quiet_unless_fd_readable() const {
+  return state_ == State::kEstablished && !cq_dirty_ && !cm_check_now_ && ring_.empty() &&
+         mailbox_.pending.load(std::memory_order_acquire) == 0;
 }
 
 }  // namespace

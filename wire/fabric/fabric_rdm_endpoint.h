@@ -39,10 +39,14 @@ class RdmEndpoint final : public FabricEndpointBase {
     return output_sockaddr(peer_sockaddr_, out, len);
   }
   int wait_fd() const override { return shared_->bell.fd(); }
-  gs_status_t arm_wait() override;
+  gs_status_t arm_wait() override { return arm(/*drain_bell=*/true); }
+  gs_status_t arm_wait_fd_quiet() override { return arm(/*drain_bell=*/false); }
   bool maybe_ready() const override;
 
  private:
+  // arm_wait; drain_bell: read the bell's datagrams first (unless the caller
+  // just found its fd quiet).
+  gs_status_t arm(bool drain_bell);
   gs_status_t post_ctrl_buf(int index) {
     return fi_status(
         fi_recv(shared_->ep, &ctrl_bufs_[index], sizeof(CtrlMsg), nullptr, FI_ADDR_UNSPEC, &ctrl_bufs_[index]));

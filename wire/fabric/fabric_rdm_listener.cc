@@ -23,10 +23,12 @@ class RdmListener final : public Listener {
     return output_sockaddr(core_->bound, out, len);
   }
   int wait_fd() const override { return core_->shared->bell.fd(); }
-  gs_status_t arm_wait() override;
+  gs_status_t arm_wait() override { return arm(/*drain_bell=*/true); }
+  gs_status_t arm_wait_fd_quiet() override { return arm(/*drain_bell=*/false); }
   bool maybe_ready() const override;
 
  private:
+  gs_status_t arm(bool drain_bell);  // drain_bell: read the bell's datagrams first
   std::shared_ptr<RdmListenerCore> core_;
   std::deque<std::unique_ptr<ConnectionRequest>> ready_;
 };
@@ -61,11 +63,11 @@ int RdmListener::get_request(std::unique_ptr<ConnectionRequest> *out) {
   return 1;
 }
 
-gs_status_t RdmListener::arm_wait() {
+gs_status_t RdmListener::arm(bool drain_bell) {
   if (!ready_.empty()) return -EAGAIN;
   std::lock_guard<std::mutex> lock(core_->mu);
   shm::Bell &bell = core_->shared->bell;
-  if (!bell.valid() || bell.drain()) return -EAGAIN;
+  if (!bell.valid() || (drain_bell && bell.drain())) return -EAGAIN;
   bell.arm();  // then look again: see shm_bell.h
   bool again = bell.signalled() || bell.requests_pending() || bell.has_requesters();
   if (!again && core_->send_blocked && !core_->pending.empty()) {

@@ -22,6 +22,10 @@ using gpusock::socket::StreamSocket;
 
 namespace {
 
+// gs_wait_begin looks at the wait fds in one poll(2) before arming from this
+// many on (below it, that call costs what it saves).
+constexpr size_t kQuietLookMin = 4;
+
 // Status contract: negative errno returned and mirrored into errno.
 template <class T>
 T finish(T status) {
@@ -271,12 +275,24 @@ int gs_wait_begin(const struct pollfd *fds, nfds_t nfds, struct pollfd *wait, nf
     std::vector<pollfd> out;
     const int waker = gpusock::socket::thread_waker_fd();
     if (waker < 0) return finish(-errno);
+    std::vector<std::shared_ptr<StreamSocket>> sockets(nfds);
+    std::vector<pollfd> look;
+    for (nfds_t i = 0; i < nfds; ++i)
+      if (fds[i].fd >= 0 && (sockets[i] = Engine::get().find(fds[i].fd))) sockets[i]->list_wait_fds(&look);
+    // Many wait fds: one poll(2) of them all first, and those found quiet are
+    // armed without reading their wake-ups (Endpoint::arm_wait_fd_quiet): one
+    // system call instead of one per endpoint.
+    std::vector<int> quiet;
+    if (look.size() >= kQuietLookMin && ::poll(look.data(), look.size(), 0) >= 0) {
+      for (const pollfd &p : look)
+        if (p.revents == 0) quiet.push_back(p.fd);
+      std::sort(quiet.begin(), quiet.end());
+    }
     bool no_fd = false;
     for (nfds_t i = 0; i < nfds; ++i) {
-      if (fds[i].fd < 0) continue;
-      auto socket = Engine::get().find(fds[i].fd);
+      const auto &socket = sockets[i];
       if (!socket) continue;
-      const Armed armed = socket->prepare_sleep(waker, fds[i].events, &out);
+      const Armed armed = socket->prepare_sleep(waker, fds[i].events, &out, quiet.empty() ? nullptr : &quiet);
       if (armed == Armed::kPending) {
         gs_wait_end(fds, i);  // unregister what was registered
         return finish(-EAGAIN);
@@ -328,6 +344,20 @@ int gs_poll(struct pollfd *fds, nfds_t nfds, int timeout) {
         kernel_index.push_back(i);
       }
     }
+    // One system call per pass looks at the kernel's fds and, for sockets
+    // whose transport lets a quiet wait fd stand for an idle endpoint (tcp),
+    // at those fds: only sockets found readable are polled by their transport
+    // (a system call each on tcp), so a pass over 1,000 idle connections
+    // costs one poll(2), as it does for kernel sockets.
+    std::vector<pollfd> batch = kernel;
+    std::vector<int> look_at(nfds, -1);  // a socket's entry in batch, or -1
+    for (nfds_t i = 0; i < nfds; ++i) {
+      if (!sockets[i]) continue;
+      if (const int fd = sockets[i]->look_fd(); fd >= 0) {
+        look_at[i] = static_cast<int>(batch.size());
+        batch.push_back({fd, POLLIN, 0});
+      }
+    }
     using gpusock::socket::Clock;
     const auto start = Clock::now();
     const auto deadline = timeout < 0 ? Clock::time_point::max() : start + std::chrono::milliseconds(timeout);
@@ -336,13 +366,13 @@ int gs_poll(struct pollfd *fds, nfds_t nfds, int timeout) {
     unsigned sleeps = 0;
     for (unsigned step = 0;; ++step) {
       int ready = 0;
-      for (nfds_t i = 0; i < nfds; ++i)
-        if (sockets[i] && (fds[i].revents = sockets[i]->ready_events(fds[i].events))) ++ready;
-      if (!kernel.empty()) {
-        const int n = ::poll(kernel.data(), kernel.size(), 0);
-        if (n < 0) return finish(-errno);
-        for (size_t k = 0; k < kernel.size(); ++k)
-          if ((fds[kernel_index[k]].revents = kernel[k].revents)) ++ready;
+      if (!batch.empty() && ::poll(batch.data(), batch.size(), 0) < 0) return finish(-errno);
+      for (size_t k = 0; k < kernel.size(); ++k)
+        if ((fds[kernel_index[k]].revents = batch[k].revents)) ++ready;
+      for (nfds_t i = 0; i < nfds; ++i) {
+        if (!sockets[i]) continue;
+        const int quiet_fd = look_at[i] >= 0 && batch[look_at[i]].revents == 0 ? batch[look_at[i]].fd : -1;
+        if ((fds[i].revents = sockets[i]->ready_events(fds[i].events, quiet_fd))) ++ready;
       }
       const auto now = Clock::now();
       const auto waited_us = std::chrono::duration_cast<std::chrono::microseconds>(now - start).count();

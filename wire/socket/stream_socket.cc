@@ -318,7 +318,7 @@ void StreamSocket::keepalive_tick_locked() {
   next_keepalive_ = now + std::chrono::seconds(idle);
 }
 
-bool StreamSocket::progress_locked(bool by_application) {
+bool StreamSocket::progress_locked(bool by_application, int quiet_fd) {
   switch (role_) {
     case Role::kListening: {
       const bool did = accept_requests_locked(takes_requests(by_application));
@@ -328,7 +328,7 @@ bool StreamSocket::progress_locked(bool by_application) {
     case Role::kConnecting:
     case Role::kAccepting:
     case Role::kConnected: {
-      const bool did = conn_.progress();
+      const bool did = conn_.progress(quiet_fd);
       adopt_driver_state_locked();
       keepalive_tick_locked();
       if (did) wake_sleepers_locked();
@@ -412,19 +412,22 @@ int StreamSocket::wait_for_locked(std::unique_lock<std::mutex> &lock, const std:
 // background thread), and an endpoint's wake-up is one: a thread whose
 // arming finds it pending (it drained the wake-up, or disarmed after
 // looking) wakes the socket's other sleepers, which would miss it.
-Armed StreamSocket::arm_wait_fds_locked(std::vector<pollfd> *fds, bool by_application) {
-  const Armed armed = arm_endpoints_locked(fds, by_application);
+Armed StreamSocket::arm_wait_fds_locked(std::vector<pollfd> *fds, bool by_application,
+                                        const std::vector<int> *quiet_fds) {
+  const Armed armed = arm_endpoints_locked(fds, by_application, quiet_fds);
   if (armed == Armed::kPending) wake_sleepers_locked();
   return armed;
 }
 
-Armed StreamSocket::arm_endpoints_locked(std::vector<pollfd> *fds, bool by_application) {
+Armed StreamSocket::arm_endpoints_locked(std::vector<pollfd> *fds, bool by_application,
+                                         const std::vector<int> *quiet_fds, bool list_only) {
   Armed result = Armed::kSleep;
   const auto add = [&](auto *source) {
     const int fd = source->wait_fd();
+    const bool quiet = quiet_fds != nullptr && std::binary_search(quiet_fds->begin(), quiet_fds->end(), fd);
     if (fd < 0) {
       if (result == Armed::kSleep) result = Armed::kNoFd;
-    } else if (source->arm_wait() != 0) {
+    } else if (!list_only && (quiet ? source->arm_wait_fd_quiet() : source->arm_wait()) != 0) {
       result = Armed::kPending;
     } else {
       fds->push_back({fd, POLLIN, 0});
@@ -615,16 +618,30 @@ bool StreamSocket::close_finished() {
   return role_ != Role::kConnected || conn_.close_finished();
 }
 
-short StreamSocket::ready_events(short requested) {
+short StreamSocket::ready_events(short requested, int quiet_fd) {
   std::lock_guard lock(mu_);
-  return ready_events_locked(requested);
+  return ready_events_locked(requested, quiet_fd);
 }
 
-Armed StreamSocket::prepare_sleep(int waker_fd, short requested, std::vector<pollfd> *fds) {
+int StreamSocket::look_fd() {
+  std::lock_guard lock(mu_);
+  if (role_ != Role::kConnected || !domain_->caps().quiet_fd_means_idle) return -1;
+  const Endpoint *ep = conn_.endpoint();
+  return ep != nullptr ? ep->wait_fd() : -1;
+}
+
+void StreamSocket::list_wait_fds(std::vector<pollfd> *fds) {
+  std::lock_guard lock(mu_);
+  (void)arm_endpoints_locked(fds, /*by_application=*/true, nullptr, /*list_only=*/true);
+}
+
+Armed StreamSocket::prepare_sleep(int waker_fd, short requested, std::vector<pollfd> *fds,
+                                  const std::vector<int> *quiet_fds) {
   std::lock_guard lock(mu_);
   sleepers_.add(waker_fd);  // first: from here on, another thread's progress wakes us
   const size_t before = fds->size();
-  const Armed armed = ready_events_locked(requested) != 0 ? Armed::kPending : arm_wait_fds_locked(fds);
+  const Armed armed =
+      ready_events_locked(requested) != 0 ? Armed::kPending : arm_wait_fds_locked(fds, true, quiet_fds);
   if (armed == Armed::kPending) {
     sleepers_.remove(waker_fd);
     fds->resize(before);
@@ -632,8 +649,8 @@ Armed StreamSocket::prepare_sleep(int waker_fd, short requested, std::vector<pol
   return armed;
 }
 
-short StreamSocket::ready_events_locked(short requested) {
-  progress_locked();
+short StreamSocket::ready_events_locked(short requested, int quiet_fd) {
+  progress_locked(/*by_application=*/true, quiet_fd);
   short ev = 0;
   switch (role_) {
     case Role::kListening:

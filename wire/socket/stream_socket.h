@@ -69,8 +69,14 @@ class StreamSocket {
   int getsockname(sockaddr *addr, socklen_t *len);
   int getpeername(sockaddr *addr, socklen_t *len);
 
-  // poll(2) events that are ready now (after one progress pass).
-  short ready_events(short requested);
+  // poll(2) events that are ready now (after one progress pass). quiet_fd:
+  // this socket's look_fd(), found not readable by the caller just before
+  // (ConnectionDriver::progress), or -1.
+  short ready_events(short requested, int quiet_fd = -1);
+  // The fd a caller polling many sockets may look at in one system call
+  // before ready_events (the endpoint's wait fd, when its transport lets a
+  // quiet fd stand for an idle endpoint), or -1.
+  int look_fd();
   // Event-driven waiting (waiting.h) for the engine's background thread: adds
   // the fds to sleep on for this socket after arming its transport, or says
   // why not to sleep.
@@ -78,7 +84,12 @@ class StreamSocket {
   // A thread about to sleep until `requested` events: registers its waker
   // (woken when another thread's progress changes the socket), then, unless
   // the events are ready already (kPending, and not registered), arms.
-  Armed prepare_sleep(int waker_fd, short requested, std::vector<pollfd> *fds);
+  // quiet_fds (sorted, or null): wait fds the caller has just polled and
+  // found not readable (Endpoint::arm_wait_fd_quiet).
+  Armed prepare_sleep(int waker_fd, short requested, std::vector<pollfd> *fds,
+                      const std::vector<int> *quiet_fds = nullptr);
+  // Appends the fds prepare_sleep would sleep on (no arming).
+  void list_wait_fds(std::vector<pollfd> *fds);
   void remove_sleeper(int waker_fd);
   // Whether the engine's background thread must keep this socket moving while
   // nobody calls into it (a listener, a connect under way, a send ring to
@@ -118,14 +129,16 @@ class StreamSocket {
   void keepalive_tick_locked();
   // by_application: a call of the application's (not the background thread);
   // only such a pass takes requests off an accept-on-demand listener.
-  bool progress_locked(bool by_application = true);
+  bool progress_locked(bool by_application = true, int quiet_fd = -1);
   bool accept_requests_locked(bool take_new);
   bool takes_requests(bool by_application) const;
   // Counts this socket among the process's connects under way (or not).
   void count_connect_locked(bool on);
-  Armed arm_wait_fds_locked(std::vector<pollfd> *fds, bool by_application = true);
-  Armed arm_endpoints_locked(std::vector<pollfd> *fds, bool by_application);
-  short ready_events_locked(short requested);
+  Armed arm_wait_fds_locked(std::vector<pollfd> *fds, bool by_application = true,
+                            const std::vector<int> *quiet_fds = nullptr);
+  Armed arm_endpoints_locked(std::vector<pollfd> *fds, bool by_application, const std::vector<int> *quiet_fds,
+                             bool list_only = false);
+  short ready_events_locked(short requested, int quiet_fd = -1);
   void wake_sleepers_locked() {
     if (!sleepers_.empty()) sleepers_.wake_all();
   }

@@ -275,6 +275,66 @@ TEST_F(SocketE2E, PollMixesKernelFds) {
   gs_close(fd);
 }
 
+// One thread drives many non-blocking connections from gs_poll's revents
+// alone, as an event loop does: data and back-pressure on a few of them while
+// the rest are idle. gs_poll looks at idle tcp connections through one
+// poll(2) of their wait fds and progresses only those found readable, so a
+// byte or a write completion it overlooked would stall this loop. Polls with
+// timeout 0 (passes only) and short sleeps alternate.
+TEST_F(SocketE2E, EventLoopOverManyConnections) {
+  constexpr int kConns = 64;
+  struct Flow {
+    int fd = -1;
+    std::vector<uint8_t> out, back;
+    size_t sent = 0;
+  };
+  std::vector<Flow> flows(kConns);
+  for (int i = 0; i < kConns; ++i) {
+    Flow &f = flows[static_cast<size_t>(i)];
+    f.fd = connect_to(port_);
+    ASSERT_GE(f.fd, 0) << "connection " << i << ": " << gs_status_name(f.fd);
+    ASSERT_EQ(gs_fcntl(f.fd, F_SETFL, O_NONBLOCK), 0);
+    // Most connections send little; every eighth sends enough to fill the rings.
+    f.out = random_bytes(i % 8 == 0 ? 600000 + static_cast<size_t>(i) * 1000 : 1 + static_cast<size_t>(i) * 13,
+                         static_cast<uint32_t>(100 + i));
+  }
+  std::vector<uint8_t> buf(1 << 16);
+  size_t done = 0;
+  const auto end = Clock::now() + std::chrono::seconds(60);
+  for (unsigned round = 0; done < flows.size() && Clock::now() < end; ++round) {
+    std::vector<pollfd> p;
+    std::vector<size_t> which;
+    for (size_t i = 0; i < flows.size(); ++i) {
+      Flow &f = flows[i];
+      if (f.back.size() == f.out.size()) continue;
+      p.push_back({f.fd, static_cast<short>(POLLIN | (f.sent < f.out.size() ? POLLOUT : 0)), 0});
+      which.push_back(i);
+    }
+    const int n = gs_poll(p.data(), p.size(), round % 2 == 0 ? 0 : 50);
+    ASSERT_GE(n, 0) << gs_status_name(n);
+    for (size_t k = 0; k < p.size(); ++k) {
+      Flow &f = flows[which[k]];
+      ASSERT_FALSE(p[k].revents & (POLLERR | POLLNVAL)) << "connection " << which[k];
+      if (p[k].revents & POLLOUT) {
+        const ssize_t m = gs_send(f.fd, f.out.data() + f.sent, f.out.size() - f.sent, 0);
+        ASSERT_TRUE(m > 0 || m == -EAGAIN) << gs_status_name(static_cast<int>(m));
+        if (m > 0) f.sent += static_cast<size_t>(m);
+      }
+      if (p[k].revents & (POLLIN | POLLHUP)) {
+        const ssize_t m = gs_recv(f.fd, buf.data(), buf.size(), 0);
+        ASSERT_TRUE(m > 0 || m == -EAGAIN) << "connection " << which[k] << ": " << gs_status_name(static_cast<int>(m));
+        if (m > 0) f.back.insert(f.back.end(), buf.begin(), buf.begin() + m);
+        if (f.back.size() == f.out.size()) ++done;
+      }
+    }
+  }
+  for (size_t i = 0; i < flows.size(); ++i) {
+    EXPECT_EQ(flows[i].back.size(), flows[i].out.size()) << "connection " << i << " stalled";
+    EXPECT_TRUE(flows[i].back == flows[i].out) << "connection " << i;
+    EXPECT_EQ(gs_close(flows[i].fd), 0);
+  }
+}
+
 TEST_F(SocketE2E, DupSharesTheSocket) {
   int fd = connect_to(port_);
   ASSERT_GE(fd, 0);
