@@ -89,7 +89,7 @@ void RdmEndpoint::check_liveness() {
 gs_status_t RdmEndpoint::arm(bool drain_bell) {
   shm::Bell &bell = shared_->bell;
   if (!bell.valid() || work_waiting()) return -EAGAIN;
-  if (drain_bell && bell.drain()) return -EAGAIN;  // a wake-up: what it announced is for poll to find
+  if (drain_bell && bell.drain_unless_drained()) return -EAGAIN;  // a wake-up: what it announced is for poll to find
   // The peer that would wake us: one without a bell (an older gpusock) never
   // rings, so we do not sleep on it.
   const PeerRef &waker = state_ == State::kConnecting ? listener_ : peer_;

@@ -67,7 +67,7 @@ gs_status_t RdmListener::arm(bool drain_bell) {
   if (!ready_.empty()) return -EAGAIN;
   std::lock_guard<std::mutex> lock(core_->mu);
   shm::Bell &bell = core_->shared->bell;
-  if (!bell.valid() || (drain_bell && bell.drain())) return -EAGAIN;
+  if (!bell.valid() || (drain_bell && bell.drain_unless_drained())) return -EAGAIN;
   bell.arm();  // then look again: see shm_bell.h
   bool again = bell.signalled() || bell.requests_pending() || bell.has_requesters();
   if (!again && core_->send_blocked && !core_->pending.empty()) {

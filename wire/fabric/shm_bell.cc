@@ -115,6 +115,7 @@ bool Bell::drain() {
     const ssize_t n = recv(sock_, buffer, sizeof(buffer) - 1, MSG_DONTWAIT);
     if (n < 0) {
       if (errno == EINTR) continue;
+      drained_ = errno == EAGAIN;
       return any;
     }
     any = true;

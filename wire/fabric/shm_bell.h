@@ -99,6 +99,7 @@ class Bell {
 
   // armed = 1, then a seq_cst fence: re-check everything after it.
   void arm() {
+    drained_ = false;  // rung from now on
     page_->armed.store(1, std::memory_order_seq_cst);
     std::atomic_thread_fence(std::memory_order_seq_cst);
   }
@@ -107,6 +108,14 @@ class Bell {
   // Read every datagram waiting: wake-ups, and ring-back requests (kept for
   // serve_requests). True if there was any.
   bool drain();
+  // drain(), unless the last drain found the queue empty and the bell has
+  // not been armed since: only an armed bell is rung, and what comes unarmed
+  // (a watchdog's wake, a ring-back, a departing in-process peer's ring)
+  // comes with a flag or counter the next arming looks at, or is a ring sent
+  // late that costs one early wake-up. Arming again right after a drain (the
+  // usual wake: drain, -EAGAIN, a progress pass, arm) then makes no second,
+  // empty read.
+  bool drain_unless_drained() { return !drained_ && drain(); }
   // Take the requests counted so far (call before a progress pass).
   void collect_requests();
   // Ring everyone whose request was collected (call after the pass).
@@ -122,6 +131,7 @@ class Bell {
   void *head_map_ = nullptr;
   const int32_t *signal_ = nullptr;
   uint32_t requests_seen_ = 0;
+  bool drained_ = false;  // the last drain() found the queue empty; not armed since
   std::vector<std::string> requesters_;
 };
 
