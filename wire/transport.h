@@ -148,7 +148,7 @@ class Listener {
   // Next pending request: 1 and *out set, 0 if none yet, < 0 on error.
   virtual int get_request(std::unique_ptr<ConnectionRequest> *out) = 0;
   virtual gs_status_t local_address(sockaddr_storage *out, socklen_t *len) const = 0;
-  // Waiting for requests, as Endpoint's three calls (for get_request()).
+  // Waiting for requests, as Endpoint's calls of the same names (for get_request()).
   virtual int wait_fd() const { return -1; }
   virtual gs_status_t arm_wait() { return -EAGAIN; }
   virtual gs_status_t arm_wait_fd_quiet() { return arm_wait(); }

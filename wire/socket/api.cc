@@ -331,7 +331,13 @@ void gs_spin_record(long waited_us) { gpusock::socket::SpinBudget::record(waited
 int gs_poll(struct pollfd *fds, nfds_t nfds, int timeout) {
   return guarded([&]() -> int {
     std::vector<std::shared_ptr<StreamSocket>> sockets(nfds);
-    std::vector<pollfd> kernel, gs;
+    // One system call per pass looks at the kernel's fds (batch's first
+    // kernel_index.size() entries) and, for sockets whose transport lets a
+    // quiet wait fd stand for an idle endpoint (tcp), at those fds (the
+    // rest): only sockets found readable are polled by their transport (a
+    // system call each on tcp), so a pass over 1,000 idle connections costs
+    // one poll(2), as it does for kernel sockets.
+    std::vector<pollfd> batch, gs;
     std::vector<nfds_t> kernel_index;
     for (nfds_t i = 0; i < nfds; ++i) {
       fds[i].revents = 0;
@@ -340,16 +346,11 @@ int gs_poll(struct pollfd *fds, nfds_t nfds, int timeout) {
       if (sockets[i]) {
         gs.push_back(fds[i]);
       } else {
-        kernel.push_back(fds[i]);
+        batch.push_back(fds[i]);
         kernel_index.push_back(i);
       }
     }
-    // One system call per pass looks at the kernel's fds and, for sockets
-    // whose transport lets a quiet wait fd stand for an idle endpoint (tcp),
-    // at those fds: only sockets found readable are polled by their transport
-    // (a system call each on tcp), so a pass over 1,000 idle connections
-    // costs one poll(2), as it does for kernel sockets.
-    std::vector<pollfd> batch = kernel;
+    const size_t kernel_count = batch.size();
     std::vector<int> look_at(nfds, -1);  // a socket's entry in batch, or -1
     for (nfds_t i = 0; i < nfds; ++i) {
       if (!sockets[i]) continue;
@@ -367,7 +368,7 @@ int gs_poll(struct pollfd *fds, nfds_t nfds, int timeout) {
     for (unsigned step = 0;; ++step) {
       int ready = 0;
       if (!batch.empty() && ::poll(batch.data(), batch.size(), 0) < 0) return finish(-errno);
-      for (size_t k = 0; k < kernel.size(); ++k)
+      for (size_t k = 0; k < kernel_count; ++k)
         if ((fds[kernel_index[k]].revents = batch[k].revents)) ++ready;
       for (nfds_t i = 0; i < nfds; ++i) {
         if (!sockets[i]) continue;
@@ -404,7 +405,7 @@ int gs_poll(struct pollfd *fds, nfds_t nfds, int timeout) {
         timeout_us = timeout_us < 0 ? gpusock::socket::no_fd_step_us(sleeps)
                                     : std::min(timeout_us, gpusock::socket::no_fd_step_us(sleeps));
       ++sleeps;
-      sleep_fds.insert(sleep_fds.end(), kernel.begin(), kernel.end());
+      sleep_fds.insert(sleep_fds.end(), batch.begin(), batch.begin() + static_cast<long>(kernel_count));
       const int slept = gpusock::socket::sleep_on(sleep_fds, timeout_us);
       if (!gs.empty()) gs_wait_end(gs.data(), gs.size());
       if (slept == -EINTR) {

@@ -424,10 +424,13 @@ Armed StreamSocket::arm_endpoints_locked(std::vector<pollfd> *fds, bool by_appli
   Armed result = Armed::kSleep;
   const auto add = [&](auto *source) {
     const int fd = source->wait_fd();
-    const bool quiet = quiet_fds != nullptr && std::binary_search(quiet_fds->begin(), quiet_fds->end(), fd);
+    const auto arm = [&] {
+      const bool quiet = quiet_fds != nullptr && std::binary_search(quiet_fds->begin(), quiet_fds->end(), fd);
+      return quiet ? source->arm_wait_fd_quiet() : source->arm_wait();
+    };
     if (fd < 0) {
       if (result == Armed::kSleep) result = Armed::kNoFd;
-    } else if (!list_only && (quiet ? source->arm_wait_fd_quiet() : source->arm_wait()) != 0) {
+    } else if (!list_only && arm() != 0) {
       result = Armed::kPending;
     } else {
       fds->push_back({fd, POLLIN, 0});
