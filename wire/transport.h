@@ -183,6 +183,9 @@ struct TransportCaps {
   // (Endpoint::quiet_unless_fd_readable can be true): worth polling many of
   // those fds in one system call instead of polling each endpoint.
   bool quiet_fd_means_idle = false;
+  // Registering memory pins it against RLIMIT_MEMLOCK (verbs): a process
+  // without a generous limit should not grow rings it need not (ring_budget.h).
+  bool registration_pins = false;
 };
 
 // Can this domain register GPU memory, and if not, why: the answer a GPU proxy

@@ -404,6 +404,10 @@ int main(int argc, char **argv) {
   const uint32_t default_inline = options.inline_messages;
   options.inline_messages = channel::kCtxInline;  // the proxy serves every mode P4 compares
   if (!options.transport.empty()) setenv("GPUSOCK_TRANSPORT", options.transport.c_str(), 1);  // for the peers
+  // The CPU peers and servers keep rsocket's 128 KiB rings, as the GPU program
+  // keeps the proxy's: P5 and the streaming rows compare the data paths, not
+  // ring sizes (CPU sockets otherwise grow unchosen rings: ring_budget.h).
+  setenv("GPUSOCK_RING_LARGE", "0", 0);
   auto memory = memory_resource_for(backend);
   std::unique_ptr<Proxy> proxy;
   if (int rc = Proxy::start(options, memory.get(), &proxy); rc < 0) return 1;

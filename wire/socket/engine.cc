@@ -5,6 +5,7 @@
 #include <sched.h>
 #include <pthread.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -37,8 +38,10 @@ long env_long(const char *name, long fallback, long lo, long hi) {
 
 // A default as rsocket takes it: the environment variable, else rsocket's
 // file of that name (/etc/rdma/rsocket, or GPUSOCK_RSOCKET_CONF_DIR), else
-// the built-in value (§2.10).
-long env_or_rsocket_file(const char *env, const char *file, long fallback, long lo, long hi) {
+// the built-in value (§2.10). *chosen: whether the variable or file said.
+long env_or_rsocket_file(const char *env, const char *file, long fallback, long lo, long hi,
+                         bool *chosen = nullptr) {
+  if (chosen != nullptr) *chosen = true;
   if (const char *v = std::getenv(env); v && *v) return env_long(env, fallback, lo, hi);
   const char *dir = std::getenv("GPUSOCK_RSOCKET_CONF_DIR");
   const std::string path = std::string(dir && *dir ? dir : "/etc/rdma/rsocket") + "/" + file;
@@ -50,6 +53,7 @@ long env_or_rsocket_file(const char *env, const char *file, long fallback, long 
     long n;
     if (parse_long(text, lo, hi, &n)) return n;
   }
+  if (chosen != nullptr) *chosen = false;
   return fallback;
 }
 
@@ -87,10 +91,17 @@ Engine &Engine::get() {
 
 Engine::Engine() {
   // rsocket's defaults (§2.10), overridable per process and by rsocket's files.
+  bool chosen = false;
   defaults_.rbuf_size = static_cast<uint32_t>(
-      env_or_rsocket_file("GPUSOCK_MEM_DEFAULT", "mem_default", wire::kDefaultBufSize, 4096, 1 << 30));
+      env_or_rsocket_file("GPUSOCK_MEM_DEFAULT", "mem_default", wire::kDefaultBufSize, 4096, 1 << 30, &chosen));
+  defaults_.rbuf_auto = !chosen;
   defaults_.sbuf_size = static_cast<uint32_t>(
-      env_or_rsocket_file("GPUSOCK_WMEM_DEFAULT", "wmem_default", wire::kDefaultBufSize, 4096, 1 << 30));
+      env_or_rsocket_file("GPUSOCK_WMEM_DEFAULT", "wmem_default", wire::kDefaultBufSize, 4096, 1 << 30, &chosen));
+  defaults_.sbuf_auto = !chosen;
+  // Unchosen rings grow to GPUSOCK_RING_LARGE (0: never) while the process
+  // holds less than GPUSOCK_RING_BUDGET_MB of grown rings (ring_budget.h).
+  ring_budget_.configure(static_cast<uint32_t>(env_long("GPUSOCK_RING_LARGE", 4 << 20, 0, 1 << 30)),
+                         static_cast<size_t>(env_long("GPUSOCK_RING_BUDGET_MB", 64, 0, 1 << 20)) << 20);
   defaults_.sq_size = static_cast<uint16_t>(
       env_or_rsocket_file("GPUSOCK_SQSIZE", "sqsize_default", wire::kDefaultSqSize, 16, wire::kQpMaxSize));
   defaults_.rq_size = static_cast<uint16_t>(
@@ -118,12 +129,25 @@ void Engine::log(int level, const char *fmt, ...) const {
   std::fprintf(stderr, "gpusock[%d]: %s\n", getpid(), line);
 }
 
+// Rings registered with a pinning transport count against RLIMIT_MEMLOCK:
+// grown rings may take a quarter of a finite limit at most.
+void Engine::limit_ring_budget_to_memlock() {
+  rlimit lim{};
+  if (!domain_->caps().registration_pins || getrlimit(RLIMIT_MEMLOCK, &lim) != 0 || lim.rlim_cur == RLIM_INFINITY)
+    return;
+  const size_t share = static_cast<size_t>(lim.rlim_cur / 4);
+  if (share < ring_budget_.budget()) ring_budget_.configure(ring_budget_.large(), share);
+}
+
 wire::Domain *Engine::domain(int *status) {
   {
     std::lock_guard lock(domain_mu_);
     if (!domain_opened_) {
       domain_status_ = wire::open_domain(inherited_transport_, &domain_, &domain_error_);
-      if (domain_status_ == 0) log(1, "transport %s", domain_->caps().name);
+      if (domain_status_ == 0) {
+        log(1, "transport %s", domain_->caps().name);
+        limit_ring_budget_to_memlock();
+      }
       domain_opened_ = true;
     }
   }
@@ -342,6 +366,7 @@ void Engine::fork_child() {
   (void)e.reg_cache_.release();  // its lock may be held by a parent's thread
   e.reg_cache_tried_ = false;
   (void)e.domain_.release();                   // leaked with the sockets that point into it
+  e.ring_budget_.forget_all();                 // the abandoned sockets' rings are not this process's
   StreamSocket::forget_connects_after_fork();  // the abandoned sockets' connects are not this process's
   e.domain_opened_ = false;
   e.domain_status_ = 0;

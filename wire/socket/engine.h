@@ -5,6 +5,7 @@
 #pragma once
 
 #include "wire/socket/reg_cache.h"
+#include "wire/socket/ring_budget.h"
 #include "wire/socket/stream_socket.h"
 
 #include <atomic>
@@ -48,6 +49,8 @@ class Engine {
   size_t zcopy_min() const { return zcopy_min_; }
 
   const SocketOptions &default_options() const { return defaults_; }
+  // Grown rings for connections whose ring sizes nobody chose.
+  RingBudget &ring_budget() { return ring_budget_; }
   // A socket gained work for the background thread (a listener, a connect
   // under way, bytes waiting for credits, keepalive, a close): wakes the
   // thread if it sleeps. An atomic add and a load when it does not.
@@ -60,6 +63,7 @@ class Engine {
   void background_loop();
   void start_background();
   void release(std::shared_ptr<StreamSocket> socket);
+  void limit_ring_budget_to_memlock();
   static void at_exit();
   // pthread_atfork handlers: the child of fork() cannot use the parent's
   // transport state (threads are gone; endpoints, kernel sockets and shm regions
@@ -97,6 +101,7 @@ class Engine {
   std::atomic<bool> background_sleeping_{false};
 
   SocketOptions defaults_;
+  RingBudget ring_budget_;
   int close_flush_s_ = 10;
   int log_level_ = 0;
 };

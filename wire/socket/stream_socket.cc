@@ -91,6 +91,7 @@ StreamSocket::~StreamSocket() {
   accept_queue_.clear();
   listener_.reset();
   conn_.release();
+  Engine::get().ring_budget().release(grown_ring_bytes_);
 }
 
 int StreamSocket::fail_locked(int err, const char *why) {
@@ -162,7 +163,12 @@ int StreamSocket::listen(int backlog) {
 }
 
 // Also makes the options say what the driver sizes the rings to (SO_RCVBUF).
+// Unchosen sizes are decided here, once: grown rings while the process's
+// budget lasts (ring_budget.h).
 wire::DriverConfig StreamSocket::driver_config() {
+  grown_ring_bytes_ += Engine::get().ring_budget().reserve(options_.rbuf_auto, &options_.rbuf_size,
+                                                           options_.sbuf_auto, &options_.sbuf_size);
+  options_.rbuf_auto = options_.sbuf_auto = false;
   options_.rbuf_size = receive_ring_size(options_.rbuf_size);
   options_.sbuf_size = std::max<uint32_t>(options_.sbuf_size, 4096);
   wire::DriverConfig config;

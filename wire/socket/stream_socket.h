@@ -28,6 +28,10 @@ using Clock = std::chrono::steady_clock;
 struct SocketOptions {
   uint32_t rbuf_size = wire::kDefaultBufSize;
   uint32_t sbuf_size = wire::kDefaultBufSize;
+  // Nobody chose the size (SO_RCVBUF/SO_SNDBUF, GPUSOCK_(W)MEM_DEFAULT,
+  // rsocket's files): the connection may take grown rings (ring_budget.h).
+  bool rbuf_auto = true;
+  bool sbuf_auto = true;
   uint16_t sq_size = wire::kDefaultSqSize;
   uint16_t rq_size = wire::kDefaultRqSize;
   uint32_t inline_size = wire::kDefaultInline;
@@ -166,6 +170,7 @@ class StreamSocket {
   wire::ConnectionDriver conn_;
   bool closing_ = false;
   bool connect_counted_ = false;
+  size_t grown_ring_bytes_ = 0;  // taken from Engine::ring_budget(), returned when freed
   bool zero_copy_active_ = false;  // a send writes from its caller's buffer: no one else commits
   Clock::time_point next_keepalive_{};
 

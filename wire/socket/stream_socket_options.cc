@@ -80,10 +80,16 @@ int StreamSocket::setsockopt(int level, int name, const void *val, socklen_t len
         options_.oobinline = v != 0;
         return 0;
       case SO_RCVBUF:  // §7.1: the ring is twice the value; only before buffers exist
-        if (unconnected && v > 0) options_.rbuf_size = static_cast<uint32_t>(std::min(v, 1 << 29)) * 2;
+        if (unconnected && v > 0) {
+          options_.rbuf_size = static_cast<uint32_t>(std::min(v, 1 << 29)) * 2;
+          options_.rbuf_auto = false;
+        }
         return 0;
       case SO_SNDBUF:
-        if (unconnected && v > 0) options_.sbuf_size = std::max<uint32_t>(std::min(v, 1 << 29) * 2, 4096);
+        if (unconnected && v > 0) {
+          options_.sbuf_size = std::max<uint32_t>(std::min(v, 1 << 29) * 2, 4096);
+          options_.sbuf_auto = false;
+        }
         return 0;
       case SO_RCVLOWAT:
       case SO_SNDLOWAT:

@@ -21,6 +21,8 @@ const TransportCaps kVerbsCaps = {
     .write_with_imm = true,
     .max_private_data = 56,  // IB CM REQ user data after rdma_cm's 36-byte header
     .requests_wait = false,  // rdma_cm's REQ times out unanswered
+    .quiet_fd_means_idle = false,
+    .registration_pins = true,
 };
 
 class VerbsListener final : public Listener {

@@ -172,6 +172,64 @@ TEST_F(SocketE2E, HundredConcurrentConnections) {
   for (int fd : fds) EXPECT_EQ(gs_close(fd), 0);
 }
 
+// Connections whose ring sizes nobody chose take grown rings (4 MiB receive
+// and 4 MiB send) while the process holds less than its budget of them
+// (64 MiB: 8 connections), then rsocket's 128 KiB; a chosen SO_RCVBUF is
+// kept; a closed connection returns its share. (The bulk echo tests above
+// stream through grown rings: theirs are each process's first connections.)
+TEST_F(SocketE2E, AdaptiveRingsWhileTheBudgetLasts) {
+  const auto ring = [](int fd) {
+    int v = 0;
+    socklen_t len = sizeof v;
+    EXPECT_EQ(gs_getsockopt(fd, SOL_SOCKET, SO_RCVBUF, &v, &len), 0);
+    return v;
+  };
+  const auto echo_once = [](int fd) {
+    const char ping[] = "ring";
+    char back[sizeof ping] = {};
+    return send_all(fd, reinterpret_cast<const uint8_t *>(ping), sizeof ping) &&
+           recv_all(fd, reinterpret_cast<uint8_t *>(back), sizeof back) && std::memcmp(ping, back, sizeof ping) == 0;
+  };
+  constexpr int kLarge = 4 << 20, kDefault = 128 << 10;
+  std::vector<int> fds;
+  for (int i = 0; i < 9; ++i) {
+    const int fd = connect_to(port_);
+    ASSERT_GE(fd, 0) << gs_last_error();
+    fds.push_back(fd);
+    EXPECT_EQ(ring(fd), i < 8 ? kLarge : kDefault) << "connection " << i;
+    EXPECT_TRUE(echo_once(fd)) << "connection " << i;
+  }
+
+  const int chosen = gs_socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(chosen, 0);
+  int v = 256 << 10;
+  ASSERT_EQ(gs_setsockopt(chosen, SOL_SOCKET, SO_RCVBUF, &v, sizeof v), 0);
+  sockaddr_in a = test_address(port_);
+  ASSERT_EQ(gs_connect(chosen, reinterpret_cast<sockaddr *>(&a), sizeof a), 0) << gs_last_error();
+  EXPECT_EQ(ring(chosen), 512 << 10);  // doubled, as the kernel does; not grown, not shrunk
+  EXPECT_TRUE(echo_once(chosen));
+  EXPECT_EQ(gs_close(chosen), 0);
+
+  // The first connection's share comes back once it has finished closing.
+  EXPECT_EQ(gs_close(fds[0]), 0);
+  fds.erase(fds.begin());
+  int grown = -1;
+  for (const auto end = Clock::now() + std::chrono::seconds(20); grown < 0 && Clock::now() < end;) {
+    const int fd = connect_to(port_);
+    ASSERT_GE(fd, 0) << gs_last_error();
+    if (ring(fd) == kLarge) {
+      grown = fd;
+      break;
+    }
+    EXPECT_EQ(gs_close(fd), 0);
+    usleep(20000);
+  }
+  ASSERT_GE(grown, 0) << "a closed connection's rings never returned to the budget";
+  EXPECT_TRUE(echo_once(grown));
+  EXPECT_EQ(gs_close(grown), 0);
+  for (int fd : fds) EXPECT_EQ(gs_close(fd), 0);
+}
+
 TEST_F(SocketE2E, HalfCloseThenEof) {
   int fd = connect_to(port_);
   ASSERT_GE(fd, 0);
