@@ -69,6 +69,10 @@ void *page_alloc(size_t n) {
   return p;
 }
 
+// Enough for one write past the largest half a gpusock victim advertises by
+// default (grown 4 MiB rings: wire/socket/ring_budget.h) and then some.
+constexpr uint32_t kSendBytes = 8u << 20;
+
 struct Peer {
   std::unique_ptr<w::Domain> domain;
   std::unique_ptr<w::Endpoint> ep;
@@ -87,12 +91,12 @@ struct Peer {
       finish(false, "cannot open the verbs transport: %s (%s)", errname(rc), err.c_str());
     ring = static_cast<uint8_t *>(page_alloc(2 * kHalf + kCanary));
     meta = static_cast<uint8_t *>(page_alloc(4096));
-    sbuf = static_cast<uint8_t *>(page_alloc(1 << 18));
+    sbuf = static_cast<uint8_t *>(page_alloc(kSendBytes));
     std::memset(ring + 2 * kHalf, kCanaryByte, kCanary);
-    PatternStream(77).fill(sbuf, 1 << 18);
+    PatternStream(77).fill(sbuf, kSendBytes);
     if (domain->register_memory(ring, 2 * kHalf + kCanary, w::kAccessRemoteWrite, &ring_mr) < 0 ||
         domain->register_memory(meta, 4096, w::kAccessRemoteWrite, &meta_mr) < 0 ||
-        domain->register_memory(sbuf, 1 << 18, w::kAccessLocal, &sbuf_mr) < 0)
+        domain->register_memory(sbuf, kSendBytes, w::kAccessLocal, &sbuf_mr) < 0)
       finish(false, "memory registration failed");
   }
 
@@ -242,7 +246,7 @@ int run_client(const std::string &kase, const sockaddr_in &addr, double wait_s) 
     did = "sent an iomap-update immediate though the victim offered no iomap table";
   } else if (kase == "write-past") {
     const uint32_t n = p.victim.data_buf.length + 1;
-    if (n > (1u << 18)) finish(false, "victim's half (%u) is larger than our send buffer", n - 1);
+    if (n > kSendBytes) finish(false, "victim's half (%u) is larger than our send buffer", n - 1);
     p.write(p.sbuf, &p.sbuf_mr, n, p.victim.data_buf.addr, p.victim.data_buf.key, w::imm_data(n));
     did = "wrote " + std::to_string(n) + " bytes at the start of a " + std::to_string(n - 1) + "-byte advertised half";
   } else if (kase == "bad-rkey") {
