@@ -42,11 +42,19 @@ class RingBudget {
     if (want == 0) return 0;
     size_t held = held_.load(std::memory_order_relaxed);
     do {
-      if (held + want > budget_) return 0;
+      if (held + want > budget_) {
+        refused_.store(true, std::memory_order_relaxed);
+        return 0;
+      }
     } while (!held_.compare_exchange_weak(held, held + want, std::memory_order_relaxed));
     if (grow_r) *rbuf_size = large_;
     if (grow_s) *sbuf_size = large_;
     return want;
+  }
+  // True once, after the first reservation the budget refused: worth one
+  // line in the log (memory users may wonder about, or rings they expected).
+  bool first_refusal() {
+    return refused_.load(std::memory_order_relaxed) && !refusal_told_.exchange(true, std::memory_order_relaxed);
   }
   void release(size_t bytes) {
     if (bytes != 0) held_.fetch_sub(bytes, std::memory_order_relaxed);
@@ -58,6 +66,7 @@ class RingBudget {
   uint32_t large_ = 0;
   size_t budget_ = 0;
   std::atomic<size_t> held_{0};
+  std::atomic<bool> refused_{false}, refusal_told_{false};
 };
 
 }  // namespace gpusock::socket

@@ -166,8 +166,11 @@ int StreamSocket::listen(int backlog) {
 // Unchosen sizes are decided here, once: grown rings while the process's
 // budget lasts (ring_budget.h).
 wire::DriverConfig StreamSocket::driver_config() {
-  grown_ring_bytes_ += Engine::get().ring_budget().reserve(options_.rbuf_auto, &options_.rbuf_size,
-                                                           options_.sbuf_auto, &options_.sbuf_size);
+  RingBudget &budget = Engine::get().ring_budget();
+  grown_ring_bytes_ += budget.reserve(options_.rbuf_auto, &options_.rbuf_size, options_.sbuf_auto, &options_.sbuf_size);
+  if (budget.first_refusal())
+    Engine::get().log(1, "%zu MiB of grown rings in use: further connections get the default rings until some close "
+                         "(GPUSOCK_RING_BUDGET_MB, GPUSOCK_RING_LARGE)", budget.held() >> 20);
   options_.rbuf_auto = options_.sbuf_auto = false;
   options_.rbuf_size = receive_ring_size(options_.rbuf_size);
   options_.sbuf_size = std::max<uint32_t>(options_.sbuf_size, 4096);

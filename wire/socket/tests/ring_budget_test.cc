@@ -21,7 +21,10 @@ TEST(RingBudget, GrowsUnchosenRingsUntilSpentThenKeepsTheDefaults) {
   EXPECT_EQ(r, kLarge);
   EXPECT_EQ(s, kLarge);
   r = s = kDefault;
+  EXPECT_FALSE(b.first_refusal());
   EXPECT_EQ(b.reserve(true, &r, true, &s), 0u);  // both do not fit: neither grows
+  EXPECT_TRUE(b.first_refusal());  // said once
+  EXPECT_FALSE(b.first_refusal());
   EXPECT_EQ(r, kDefault);
   EXPECT_EQ(s, kDefault);
   EXPECT_EQ(b.reserve(true, &r, false, &s), size_t(kLarge));  // one does
