@@ -14,7 +14,12 @@ inline constexpr uint32_t kSglSize = 2;           // RS_SGL_SIZE: target SGL slo
 inline constexpr uint32_t kSglRecordSize = 16;    // RS_MAX_CTRL_MSG: {addr, key, length}
 inline constexpr uint32_t kIomapRecordSize = 24;  // {offset, addr, key, length}
 inline constexpr uint32_t kOlapStartSize = 2048;  // RS_OLAP_START_SIZE
-inline constexpr uint32_t kMaxTransfer = 65536;   // RS_MAX_TRANSFER
+inline constexpr uint32_t kMaxTransfer = 65536;   // RS_MAX_TRANSFER (rsocket's largest write; TCP_MAXSEG)
+// The largest data write gpusock posts. rsocket's own sender stops at
+// RS_MAX_TRANSFER, but a receiver (rsocket's and ours) takes any length within
+// the slot it advertised (§2.6), so larger rings carry larger writes: fewer
+// posts and completions per byte (docs/performance.md, "Streaming").
+inline constexpr uint32_t kMaxWrite = 1u << 19;
 inline constexpr uint32_t kSndLowat = 2048;       // RS_SNDLOWAT
 inline constexpr uint16_t kQpMinSize = 16;        // RS_QP_MIN_SIZE
 inline constexpr uint16_t kQpMaxSize = 0xFFFE;    // RS_QP_MAX_SIZE

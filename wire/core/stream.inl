@@ -213,7 +213,7 @@ GS_HD bool Stream::produce_data(Action *a) {
   a->next_olap = olap_;
   if (olap_ < left) {
     chunk = olap_;
-    a->next_olap = gs_min<uint32_t>(olap_ * 2, kMaxTransfer);
+    a->next_olap = gs_min<uint32_t>(olap_ * 2, kMaxWrite);
   }
   const uint32_t offset = static_cast<uint32_t>(send_posted_ % sbuf_size_);
   chunk = gs_min(gs_min(chunk, slot->length), sbuf_size_ - offset);

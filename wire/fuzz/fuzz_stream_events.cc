@@ -157,7 +157,7 @@ void check_solo_action(Solo &s, const Action &a, StreamState before, uint16_t cr
   switch (a.write_kind) {
     case WriteKind::kData: {
       CHECK(a.has_imm);
-      CHECK(a.length > 0 && a.length <= kMaxTransfer);
+      CHECK(a.length > 0 && a.length <= kMaxWrite);
       CHECK(a.imm == imm_data(a.length));
       CHECK(a.sbuf_offset == s.data_posted % st.sbuf_size());
       CHECK(static_cast<uint64_t>(a.sbuf_offset) + a.length <= st.sbuf_size());

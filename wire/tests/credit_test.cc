@@ -146,12 +146,12 @@ TEST(Credits, SenderNeverSendsWhenSseqNoEqualsSseqComp) {
 TEST(Credits, BulkSendStopsAfterExactlyTheGrantedMessages) {
   // §2.4: a large commit is cut into at most `credits` messages.
   StreamConfig cfg;
-  cfg.sbuf_size = 4u << 20;
+  cfg.sbuf_size = 8u << 20;
   cfg.sq_size = 1024;
   Endpoint e(0, cfg);
-  ASSERT_EQ(e.s.on_established(peer_record(16, 8u << 20)), 0);
+  ASSERT_EQ(e.s.on_established(peer_record(16, 16u << 20)), 0);
   drain_complete(e.s);
-  ASSERT_EQ(e.send_pattern(2u << 20), 2u << 20);
+  ASSERT_EQ(e.send_pattern(8u << 20), 8u << 20);  // more than 16 writes of at most kMaxWrite
   EXPECT_EQ(data_writes(drain_complete(e.s)).size(), 16u);
   EXPECT_EQ(e.s.credits_available(), 0);
   EXPECT_GT(e.s.send_unposted(), 0u);

@@ -423,7 +423,7 @@ class Pair {
         if (!a.has_imm || imm_op(a.imm) != ImmOp::kData || imm_value(a.imm) != a.length)
           fail("endpoint %d: data write imm 0x%08x does not carry its length %u", i, a.imm, a.length);
         if (a.length == 0) fail("endpoint %d: zero-length data write (reads as EOF, §2.8)", i);
-        if (a.length > kMaxTransfer) fail("endpoint %d: data write of %u bytes > 64 KiB", i, a.length);
+        if (a.length > kMaxWrite) fail("endpoint %d: data write of %u bytes > 512 KiB", i, a.length);
         if (static_cast<uint64_t>(a.sbuf_offset) + a.length > me.s.sbuf_size())
           fail("endpoint %d: data write [%u,+%u) outside the send ring of %u", i, a.sbuf_offset, a.length,
                me.s.sbuf_size());

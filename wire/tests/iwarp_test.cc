@@ -36,13 +36,13 @@ TEST(Iwarp, EachMessageTakesTwoSendQueueSlots) {
     c.msg_send = msg_send;
     c.sbuf_size = 4u << 20;  // and the send ring does not either
     StreamConfig peer;
-    peer.rbuf_size = 1u << 20;  // a 512 KiB half: the slot never limits here
+    peer.rbuf_size = 8u << 20;  // a 4 MiB half: the slot never limits here
     Pair p(c, peer);
     Stream &s = p.a().s;
     // Drain the first credit/advert action, then commit far more data than fits.
     Action a;
     while (s.peek_action(&a) && !(a.kind == ActionKind::kWrite && a.write_kind == WriteKind::kData)) s.commit_action(a);
-    p.a().send_pattern(1u << 20);
+    p.a().send_pattern(4u << 20);
     // 16 slots, 4 reserved for control, one control message (the advert) in
     // flight: 11 data messages, or 5 when each message takes two slots.
     EXPECT_EQ(writes_until_stall(s, WriteKind::kData), msg_send ? 5 : 11) << "msg_send=" << msg_send;

@@ -30,7 +30,7 @@ Sizes model(uint64_t n, uint32_t slot_left, uint32_t half, uint32_t sbuf_off, ui
     uint32_t next = olap;
     if (olap < left) {
       chunk = olap;
-      next = olap * 2 < kMaxTransfer ? olap * 2 : kMaxTransfer;
+      next = olap * 2 < kMaxWrite ? olap * 2 : kMaxWrite;
     }
     if (chunk > slot_left) chunk = slot_left;
     if (chunk > sbuf_size - sbuf_off) chunk = sbuf_size - sbuf_off;
@@ -87,8 +87,9 @@ struct Golden {
 };
 
 TEST(Segmentation, BigPeerRingSlotsDoNotCut) {
-  // §2.6: 2048, 4096, 8192, 16384, 32768, 65536, 65536, ... until the rest fits.
-  // Peer ring 1 MiB (halves of 512 KiB) so no slot cuts a burst below 512 KiB.
+  // §2.6: 2048, 4096, 8192, 16384, 32768, 65536, 131072, ... (doubling up to
+  // kMaxWrite) until the rest fits. Peer ring 1 MiB (halves of 512 KiB) so no
+  // slot cuts a burst below 512 KiB.
   const Golden cases[] = {
       {1, {1}},
       {2047, {2047}},
@@ -98,7 +99,8 @@ TEST(Segmentation, BigPeerRingSlotsDoNotCut) {
       {6145, {2048, 4096, 1}},
       {65536, {2048, 4096, 8192, 16384, 32768, 2048}},
       {65537, {2048, 4096, 8192, 16384, 32768, 2049}},
-      {200000, {2048, 4096, 8192, 16384, 32768, 65536, 65536, 5440}},
+      {200000, {2048, 4096, 8192, 16384, 32768, 65536, 70976}},
+      {600000, {2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144, 2048, 75712}},  // the half ends
   };
   for (const Golden &g : cases) {
     Seg s(1u << 20, 2u << 20);
@@ -190,7 +192,7 @@ TEST(Segmentation, RandomBurstsMatchTheRule) {
     ASSERT_EQ(got, want) << "ring " << ring << " sbuf " << sbuf << " pre " << pre << " n " << n;
     for (uint32_t c : got) {
       EXPECT_GT(c, 0u);
-      EXPECT_LE(c, kMaxTransfer);
+      EXPECT_LE(c, kMaxWrite);
     }
     ASSERT_TRUE(s.p.ok()) << s.p.violation;
   }
