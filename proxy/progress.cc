@@ -1,29 +1,29 @@
-// The proxy's progress: every live connection and listener driven one pass,
-// connections that finished closing freed, and what changed published to the
-// status lines the GPU polls.
+// The proxy's progress: every live connection and listener of one thread
+// driven one pass, and what changed published to the status lines the GPU
+// polls.
 #include "proxy/proxy_impl.h"
 
 #include <cstdio>
 
 namespace gpusock {
 
-bool Proxy::Impl::progress_active() {
+bool Proxy::Impl::progress_active(Worker &w) {
   bool did = false;
-  for (size_t i = 0; i < active_.size();) {
-    const uint32_t index = active_[i];
+  for (size_t i = 0; i < w.active.size();) {
+    const uint32_t index = w.active[i];
     Slot &s = slots_[index];
     if (!s.listener && !s.conn) {  // released: drop from the list
       s.in_active = false;
-      active_[i] = active_.back();
-      active_.pop_back();
+      w.active[i] = w.active.back();
+      w.active.pop_back();
       continue;
     }
-    if (s.listener && poll_listeners_) did |= progress_listener(index, s);
+    if (s.listener && w.poll_listeners) did |= progress_listener(w, index, s);
     if (s.conn) {
       const DriverState before = s.conn->state();
       did |= s.conn->progress();
       if (before != DriverState::kConnected && s.conn->state() == DriverState::kConnected)
-        stat_connections_.fetch_add(1, std::memory_order_relaxed);
+        bump(w.stats.connections);
       publish_slot(index);
     }
     ++i;
@@ -31,9 +31,10 @@ bool Proxy::Impl::progress_active() {
   return did;
 }
 
-bool Proxy::Impl::progress_listener(uint32_t index, Slot &slot) {
+bool Proxy::Impl::progress_listener(Worker &w, uint32_t index, Slot &slot) {
   ListenerState &ls = *slot.listener;
   bool did = false;
+  std::lock_guard<std::mutex> lock(listeners_mu_);  // gaccept may take from the queue on another thread
   for (size_t i = 0; i < ls.accepting.size();) {
     Connection &child = *ls.accepting[i];
     did |= child.progress();
@@ -43,10 +44,11 @@ bool Proxy::Impl::progress_listener(uint32_t index, Slot &slot) {
     }
     did = true;
     if (child.state() == DriverState::kConnected) {
-      stat_connections_.fetch_add(1, std::memory_order_relaxed);
+      bump(w.stats.connections);
       ls.queue.push_back(std::move(ls.accepting[i]));
+      ls.queued.store(static_cast<uint32_t>(ls.queue.size()), std::memory_order_relaxed);
     } else {
-      retire(std::move(ls.accepting[i]));
+      retire(w, std::move(ls.accepting[i]));
     }
     ls.accepting.erase(ls.accepting.begin() + static_cast<long>(i));
   }
@@ -54,8 +56,11 @@ bool Proxy::Impl::progress_listener(uint32_t index, Slot &slot) {
   // granted and the peer's first bytes land in their rings.
   for (auto &c : ls.queue) did |= c->progress();
   while (ls.accepting.size() + ls.queue.size() < static_cast<size_t>(ls.backlog)) {
-    if (free_buffers_.empty()) {  // back-pressure: requests wait in the listener
-      stat_no_buffer_.fetch_add(1, std::memory_order_relaxed);
+    // A buffer set first (the pool is shared by the threads): without one,
+    // requests wait in the listener (back-pressure).
+    BufferSet set;
+    if (take_buffer_set(&set) < 0) {
+      bump(w.stats.no_buffer);
       break;
     }
     std::unique_ptr<wire::ConnectionRequest> request;
@@ -63,10 +68,11 @@ bool Proxy::Impl::progress_listener(uint32_t index, Slot &slot) {
     const auto rejected = [](void *, int, const char *why) {
       std::fprintf(stderr, "gpusock proxy: rejecting connection: %s\n", why);
     };
-    if (wire::next_valid_request(*ls.listener, &request, &peer, rejected, nullptr) <= 0) break;
+    if (wire::next_valid_request(*ls.listener, &request, &peer, rejected, nullptr) <= 0) {
+      return_buffer_set(set);
+      break;
+    }
     did = true;
-    BufferSet set;
-    take_buffer_set(&set);
     auto child = std::make_unique<Connection>(domain_.get(), set);
     if (int rc = child->accept(request.get(), peer); rc < 0) {
       std::fprintf(stderr, "gpusock proxy: accept failed: %s\n", gs_status_name(rc));
@@ -83,23 +89,6 @@ bool Proxy::Impl::progress_listener(uint32_t index, Slot &slot) {
   return did;
 }
 
-bool Proxy::Impl::progress_closing() {
-  bool did = false;
-  for (size_t i = 0; i < closing_.size();) {
-    if (closing_[i]->close_finished()) {
-      const BufferSet set = closing_[i]->buffers();
-      closing_[i].reset();  // disconnects and deregisters before the rings are reused
-      return_buffer_set(set);
-      closing_[i] = std::move(closing_.back());
-      closing_.pop_back();
-      did = true;
-    } else {
-      ++i;
-    }
-  }
-  return did;
-}
-
 // Writes what changed since the last publication: counters first, state last.
 void Proxy::Impl::publish_slot(uint32_t index) {
   Slot &s = slots_[index];
@@ -108,7 +97,7 @@ void Proxy::Impl::publish_slot(uint32_t index) {
   Shadow now = sh;
   if (s.listener) {
     now.state = kStListening;
-    now.accept_queued = static_cast<uint32_t>(s.listener->queue.size());
+    now.accept_queued = s.listener->queued.load(std::memory_order_relaxed);
   } else if (s.conn) {
     const proxy::ConnSnapshot snap = s.conn->snapshot();
     now.recv_write = snap.recv_write;
@@ -124,7 +113,7 @@ void Proxy::Impl::publish_slot(uint32_t index) {
   if (now.recv_write != sh.recv_write) {
     // A small request or reply rides beside the status line (InlineRecv).
     if (s.conn && (ctx_.flags & kCtxInlineRecv) && s.conn->fill_inline_recv(&inline_recv_[index]))
-      stat_inline_recvs_.fetch_add(1, std::memory_order_relaxed);
+      bump(owner(index).stats.inline_recvs);
     publish(&st.recv_write, now.recv_write);
     if (s.conn && now.recv_write > sh.recv_write) s.conn->note_data_published(Clock::now());
   }

@@ -1,7 +1,7 @@
-// The proxy: one CPU thread per GPU that takes the GPU's requests off the
-// request ring, owns the transport side of every GPU socket (listeners and
-// connections, each driving a wire::ConnectionDriver), and publishes what the
-// GPU polls. This file: start, stop, the loop, a kernel's exit, the facade.
+// The proxy: CPU threads per GPU (one by default) that take the GPU's requests
+// off the request ring, own the transport side of every GPU socket (listeners
+// and connections, each driving a wire::ConnectionDriver), and publish what
+// the GPU polls. This file: start, stop, the facade.
 #include "proxy/proxy_impl.h"
 
 #include <pthread.h>
@@ -105,14 +105,19 @@ gs_status_t Proxy::Impl::start(const ProxyOptions &options_in, MemoryResource *m
   std::string why = probe_device_memory();
   const MemoryKind ring_kind = device_rings ? MemoryKind::kDevice : MemoryKind::kHostMapped;
 
-  rc = memory_->allocate(MemoryKind::kHostMapped, size_t(entries) * sizeof(Request), &requests_mem_);
+  // A request ring, a ProxyShared and GPU-side counters per proxy thread.
+  const uint32_t threads = choose_threads();
+  const size_t counters_bytes = size_t(threads) * kCounterStride * sizeof(unsigned long long);
+  rc = memory_->allocate(MemoryKind::kHostMapped, size_t(threads) * entries * sizeof(Request), &requests_mem_);
   if (rc == 0)
-    rc = memory_->allocate(
-        MemoryKind::kHostMapped,
-        sizeof(ProxyShared) + size_t(options_.max_sockets) * (sizeof(SocketStatus) + sizeof(InlineRecv)), &status_mem_);
+    rc = memory_->allocate(MemoryKind::kHostMapped,
+                           threads * sizeof(ProxyShared) +
+                               size_t(options_.max_sockets) * (sizeof(SocketStatus) + sizeof(InlineRecv)),
+                           &status_mem_);
   const size_t sockets_bytes = size_t(options_.max_sockets) * sizeof(DeviceSocket);
   const size_t claims_bytes = (size_t(options_.max_sockets) * sizeof(uint32_t) + 63) & ~size_t(63);
-  if (rc == 0) rc = memory_->allocate(MemoryKind::kDevice, sockets_bytes + claims_bytes + 128, &private_mem_);
+  if (rc == 0)
+    rc = memory_->allocate(MemoryKind::kDevice, sockets_bytes + claims_bytes + 2 * counters_bytes + 64, &private_mem_);
   if (rc == 0) rc = memory_->allocate(ring_kind, size_t(sets) * options_.rbuf_size, &rbuf_mem_);
   if (rc == 0) rc = memory_->allocate(ring_kind, size_t(sets) * options_.sbuf_size, &sbuf_mem_);
   if (rc < 0) {
@@ -123,7 +128,7 @@ gs_status_t Proxy::Impl::start(const ProxyOptions &options_in, MemoryResource *m
   }
   requests_ = static_cast<Request *>(requests_mem_.host);
   shared_ = static_cast<ProxyShared *>(status_mem_.host);
-  status_ = reinterpret_cast<SocketStatus *>(shared_ + 1);
+  status_ = reinterpret_cast<SocketStatus *>(shared_ + threads);
   inline_recv_ = reinterpret_cast<InlineRecv *>(status_ + options_.max_sockets);
   rbuf_reg_ = static_cast<uint8_t *>(device_rings ? rbuf_mem_.device : rbuf_mem_.host);
   sbuf_reg_ = static_cast<uint8_t *>(device_rings ? sbuf_mem_.device : sbuf_mem_.host);
@@ -131,14 +136,15 @@ gs_status_t Proxy::Impl::start(const ProxyOptions &options_in, MemoryResource *m
   uint8_t *priv = static_cast<uint8_t *>(private_mem_.device);
   ctx_.requests = static_cast<Request *>(requests_mem_.device);
   ctx_.request_mask = entries - 1;
+  ctx_.request_rings = threads;
   ctx_.shared = static_cast<const ProxyShared *>(status_mem_.device);
-  ctx_.status = reinterpret_cast<const SocketStatus *>(ctx_.shared + 1);
+  ctx_.status = reinterpret_cast<const SocketStatus *>(ctx_.shared + threads);
   ctx_.inline_recv = reinterpret_cast<const InlineRecv *>(ctx_.status + options_.max_sockets);
   ctx_.sockets = reinterpret_cast<DeviceSocket *>(priv);
   ctx_.claims = reinterpret_cast<uint32_t *>(priv + sockets_bytes);
   ctx_.ticket = reinterpret_cast<unsigned long long *>(priv + sockets_bytes + claims_bytes);
-  ctx_.claim_cursor = reinterpret_cast<uint32_t *>(priv + sockets_bytes + claims_bytes + 64);
-  ctx_.consumed_seen = reinterpret_cast<unsigned long long *>(priv + sockets_bytes + claims_bytes + 96);
+  ctx_.consumed_seen = reinterpret_cast<unsigned long long *>(priv + sockets_bytes + claims_bytes + counters_bytes);
+  ctx_.claim_cursor = reinterpret_cast<uint32_t *>(priv + sockets_bytes + claims_bytes + 2 * counters_bytes);
   ctx_.rbufs = static_cast<uint8_t *>(rbuf_mem_.device);
   ctx_.sbufs = static_cast<uint8_t *>(sbuf_mem_.device);
   ctx_.rbuf_size = options_.rbuf_size;
@@ -157,22 +163,41 @@ gs_status_t Proxy::Impl::start(const ProxyOptions &options_in, MemoryResource *m
   char line[512];
   std::snprintf(line, sizeof line,
                 "gpusock proxy: transport %s, memory %s: socket rings in %s (%s); %u sockets, %u buffer sets of "
-                "%u+%u B, %u request entries",
+                "%u+%u B, %u request entries per proxy thread",
                 domain_->caps().name, memory_->name(),
                 device_rings ? "GPU memory" : "pinned host memory the GPU reads and writes (bounce buffers)",
                 why.c_str(), options_.max_sockets, sets, options_.rbuf_size, options_.sbuf_size, entries);
   placement_ = line;
 
   started_ = true;
-  thread_ = std::thread([this] { loop(); });
-  // Near its GPU: the proxy thread polls memory the GPU writes across PCIe.
-  if (!options_.cpus.empty()) {
-    const int pin = pthread_setaffinity_np(thread_.native_handle(), sizeof cpus, &cpus);
-    placement_ += pin == 0 ? "; proxy thread on CPUs " + options_.cpus
-                           : "; proxy thread not pinned to CPUs " + options_.cpus + " (" + std::strerror(pin) + ")";
+  for (uint32_t i = 0; i < threads; ++i) workers_.push_back(std::make_unique<Worker>(i));
+  int pin = 0;
+  for (auto &w : workers_) {
+    Worker *worker = w.get();
+    w->thread = std::thread([this, worker] { loop(*worker); });
+    // Near its GPU: the proxy threads poll memory the GPU writes across PCIe.
+    if (!options_.cpus.empty())
+      if (const int rc = pthread_setaffinity_np(w->thread.native_handle(), sizeof cpus, &cpus); rc != 0) pin = rc;
   }
+  const std::string threads_word = threads == 1 ? "proxy thread" : std::to_string(threads) + " proxy threads";
+  if (!options_.cpus.empty())
+    placement_ += pin == 0 ? "; " + threads_word + " on CPUs " + options_.cpus
+                           : "; " + threads_word + " not pinned to CPUs " + options_.cpus + " (" + std::strerror(pin) + ")";
+  else if (threads > 1)
+    placement_ += "; " + threads_word + " (socket i on thread i % " + std::to_string(threads) + ")";
   if (!options_.quiet) std::fprintf(stderr, "%s\n", placement_.c_str());
   return 0;
+}
+
+// ProxyOptions::threads, else GPUSOCK_PROXY_THREADS, else one; never more
+// threads than sockets.
+uint32_t Proxy::Impl::choose_threads() const {
+  long n = options_.threads;
+  if (n == 0) {
+    const char *env = std::getenv("GPUSOCK_PROXY_THREADS");
+    n = env && *env ? std::strtol(env, nullptr, 10) : 1;
+  }
+  return static_cast<uint32_t>(std::clamp<long>(n, 1, std::min<long>(options_.max_sockets, 64)));
 }
 
 // Where the rings could live: can the transport register GPU memory? A real
@@ -190,107 +215,20 @@ std::string Proxy::Impl::probe_device_memory() {
 }
 
 void Proxy::Impl::stop() {
-  if (thread_.joinable()) {
+  if (!workers_.empty() && workers_[0]->thread.joinable()) {
     if (shared_) publish(&shared_->stop, 1u);
     stopping_.store(true);
-    thread_.join();
+    for (auto &w : workers_)
+      if (w->thread.joinable()) w->thread.join();
   }
   if (started_) close_everything();
   started_ = false;
   slots_.clear();
-  active_.clear();
-  closing_.clear();
+  stopped_ = totals();
+  workers_.clear();
   for (MemoryBlock *b : {&requests_mem_, &status_mem_, &private_mem_, &rbuf_mem_, &sbuf_mem_})
     if (b->size && memory_) memory_->release(b);
   domain_.reset();
-}
-
-// Flushes every connection within close_flush_ms, as the CPU engine does at exit.
-void Proxy::Impl::close_everything() {
-  const auto deadline = Clock::now() + std::chrono::milliseconds(options_.close_flush_ms);
-  for (uint32_t i = 0; i < slots_.size(); ++i) {
-    Slot &s = slots_[i];
-    if (s.listener) {
-      for (auto &c : s.listener->accepting) retire(std::move(c));
-      for (auto &c : s.listener->queue) retire(std::move(c));
-      s.listener.reset();
-    }
-    if (s.conn) {
-      s.conn->begin_close(deadline);
-      closing_.push_back(std::move(s.conn));
-    }
-  }
-  while (!closing_.empty()) {
-    progress_closing();
-    if (!closing_.empty()) std::this_thread::sleep_for(std::chrono::microseconds(50));
-  }
-}
-
-void Proxy::Impl::loop() {
-  auto last_work = Clock::now();
-  long sleep_us = 5;
-  while (!stopping_.load(std::memory_order_relaxed)) {
-    if (orphan_asked_.load(std::memory_order_acquire) != orphan_answered_.load(std::memory_order_relaxed))
-      close_orphans();
-    stat_passes_.store(stat_passes_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-    bool did = drain_requests();
-    // New connections on listeners need no microsecond answer: looking for
-    // them (a CM / handshake poll per listener) only every listener_poll_us
-    // keeps the pass short for the connections that carry data.
-    if (listener_every_.count() == 0) {
-      poll_listeners_ = true;
-    } else {
-      const auto now = Clock::now();
-      poll_listeners_ = now >= next_listener_poll_;
-      if (poll_listeners_) next_listener_poll_ = now + listener_every_;
-    }
-    did |= progress_active();
-    did |= progress_closing();
-    if (did) {
-      last_work = Clock::now();
-      sleep_us = 5;
-      continue;
-    }
-    if (options_.busy_poll_us < 0 || Clock::now() - last_work < std::chrono::microseconds(options_.busy_poll_us))
-      continue;
-    timespec ts{0, sleep_us * 1000};
-    nanosleep(&ts, nullptr);
-    sleep_us = std::min<long>(sleep_us * 2, 50);
-  }
-}
-
-// The kernel is gone: whatever it published is taken first (its last data and
-// gclose requests), then every slot still in use is closed as by gclose, or
-// reset when the kernel failed.
-void Proxy::Impl::close_orphans() {
-  const uint64_t asked = orphan_asked_.load(std::memory_order_acquire);
-  const bool abort = orphan_abort_.load(std::memory_order_relaxed);
-  while (drain_requests()) {}
-  int closed = 0;
-  for (uint32_t i = 0; i < slots_.size(); ++i) {
-    if (!slots_[i].in_use) continue;
-    release_slot(i, abort);
-    ++closed;
-  }
-  if (closed > 0) {
-    stat_orphans_.fetch_add(static_cast<uint64_t>(closed), std::memory_order_relaxed);
-    std::fprintf(stderr, "gpusock proxy: the kernel %s with %d socket%s open: %s\n", abort ? "failed" : "returned",
-                 closed, closed == 1 ? "" : "s", abort ? "reset them" : "flushing and closing them");
-  }
-  orphan_result_.store(closed, std::memory_order_relaxed);
-  orphan_answered_.store(asked, std::memory_order_release);
-}
-
-int Proxy::Impl::kernel_exited(int grid_status) {
-  if (!thread_.joinable()) return 0;
-  std::lock_guard<std::mutex> lock(orphan_call_);
-  orphan_abort_.store(grid_status < 0, std::memory_order_relaxed);
-  const uint64_t ticket = orphan_asked_.fetch_add(1, std::memory_order_acq_rel) + 1;
-  while (orphan_answered_.load(std::memory_order_acquire) != ticket) {
-    if (stopping_.load(std::memory_order_relaxed)) return -ESHUTDOWN;
-    std::this_thread::sleep_for(std::chrono::microseconds(20));
-  }
-  return orphan_result_.load(std::memory_order_relaxed);
 }
 
 // ---------------------------------------------------------------- Proxy
@@ -315,19 +253,24 @@ void Proxy::stop() {
 }
 const std::string &Proxy::placement() const { return impl_->placement_; }
 
-ProxyStats Proxy::stats() const {
-  ProxyStats s;
-  s.requests = impl_->stat_requests_.load();
-  s.connections = impl_->stat_connections_.load();
-  s.full_ring_drains = impl_->stat_full_laps_.load();
-  s.rejected_no_buffer = impl_->stat_no_buffer_.load();
-  s.orphans_closed = impl_->stat_orphans_.load();
-  s.passes = impl_->stat_passes_.load();
-  s.inline_sends = impl_->stat_inline_sends_.load();
-  s.inline_recvs = impl_->stat_inline_recvs_.load();
-  s.turnaround_ns = impl_->stat_turnaround_ns_.load();
-  s.turnarounds = impl_->stat_turnarounds_.load();
+ProxyStats Proxy::Impl::totals() const {
+  ProxyStats s = stopped_;
+  for (const auto &w : workers_) {
+    const Counters &c = w->stats;
+    s.requests += c.requests.load(std::memory_order_relaxed);
+    s.connections += c.connections.load(std::memory_order_relaxed);
+    s.full_ring_drains += c.full_laps.load(std::memory_order_relaxed);
+    s.rejected_no_buffer += c.no_buffer.load(std::memory_order_relaxed);
+    s.inline_sends += c.inline_sends.load(std::memory_order_relaxed);
+    s.inline_recvs += c.inline_recvs.load(std::memory_order_relaxed);
+    s.turnaround_ns += c.turnaround_ns.load(std::memory_order_relaxed);
+    s.turnarounds += c.turnarounds.load(std::memory_order_relaxed);
+  }
+  s.orphans_closed = stat_orphans_.load();
+  s.passes = stat_passes_.load();
   return s;
 }
+
+ProxyStats Proxy::stats() const { return impl_->totals(); }
 
 }  // namespace gpusock

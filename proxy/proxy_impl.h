@@ -1,9 +1,13 @@
-// Inside the proxy (proxy.cc, requests.cc, progress.cc): the state of one
-// proxy thread and what its passes do. Not a public header.
+// Inside the proxy (proxy.cc, requests.cc, progress.cc, workers.cc): its
+// threads' state and what their passes do. Not a public header.
 //
-// A pass: drain the GPU's request ring (requests.cc), progress every live
-// connection and listener and publish what changed (progress.cc), finish
-// closing connections; proxy.cc holds start, stop, the loop and the facade.
+// The sockets are sharded: slot i belongs to thread i % threads, which alone
+// touches its Slot, its connection and its status line, and which alone reads
+// request ring i % threads, where the GPU posts that socket's requests. A
+// pass of every thread: its ring drained and applied (requests.cc), its live
+// connections and listeners progressed and what changed published
+// (progress.cc), its closing connections finished (workers.cc holds the loop,
+// the shared pools and a kernel's exit). proxy.cc: start, stop, the facade.
 #pragma once
 
 #include "proxy/connection.h"
@@ -35,14 +39,20 @@ void publish(T *field, T value) {
 
 // A listening GPU socket: handshakes in flight and established connections
 // waiting for gaccept. Both hold buffer sets, so the peer can send at once.
+// The owner of its slot drives it; gaccept may run on another thread, so the
+// queue (and the slot's listener pointer) change under Impl::listeners_mu_.
 struct ListenerState {
   std::unique_ptr<wire::Listener> listener;
+  uint32_t gen = 0;  // the socket generation that listens
   int backlog = 1;
-  std::vector<std::unique_ptr<Connection>> accepting;
+  std::vector<std::unique_ptr<Connection>> accepting;  // owner only
   std::deque<std::unique_ptr<Connection>> queue;
+  std::atomic<uint32_t> queued{0};  // queue.size(), for the owner's status line
 };
 
-struct Slot {
+// Cache-line aligned, as Impl::Shadow: neighbouring slots may belong to
+// different threads.
+struct alignas(64) Slot {
   uint32_t gen = 0;  // the socket generation adopted (== releases when free)
   bool in_use = false;
   bool in_active = false;  // listed in Impl::active_
@@ -50,6 +60,33 @@ struct Slot {
   socklen_t addr_len = 0;
   std::unique_ptr<ListenerState> listener;
   std::unique_ptr<Connection> conn;
+};
+
+// What ProxyStats counts, per thread: each counter has one writer (bump), so
+// the threads never share a line they write on every pass.
+struct Counters {
+  std::atomic<uint64_t> requests{0}, connections{0}, full_laps{0}, no_buffer{0};
+  std::atomic<uint64_t> inline_sends{0}, inline_recvs{0}, turnaround_ns{0}, turnarounds{0};
+};
+inline void bump(std::atomic<uint64_t> &counter, uint64_t n = 1) {
+  counter.store(counter.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
+}
+
+// One proxy thread: the slots it owns, the connections it drives and closes.
+struct Worker {
+  explicit Worker(uint32_t id_in) : id(id_in) {}
+  const uint32_t id;
+  std::thread thread;
+  std::vector<uint32_t> active;  // owned slots with a listener or a connection
+  std::vector<std::unique_ptr<Connection>> closing;
+  Clock::time_point next_listener_poll{};
+  bool poll_listeners = true;  // this pass
+  uint64_t head = 0;            // the next ticket expected on this thread's request ring
+  // kernel_exited(): the orphan call this thread answered last, and how many
+  // of its slots it closed for it.
+  alignas(64) std::atomic<uint64_t> orphans_answered{0};
+  int orphans_closed = 0;
+  alignas(64) Counters stats;
 };
 
 class Proxy::Impl {
@@ -61,34 +98,37 @@ class Proxy::Impl {
 
   DeviceContext ctx_{};
   std::string placement_;
-  std::atomic<uint64_t> stat_requests_{0}, stat_connections_{0}, stat_full_laps_{0}, stat_no_buffer_{0};
-  std::atomic<uint64_t> stat_orphans_{0}, stat_passes_{0}, stat_inline_sends_{0}, stat_inline_recvs_{0};
-  std::atomic<uint64_t> stat_turnaround_ns_{0}, stat_turnarounds_{0};
+  std::atomic<uint64_t> stat_orphans_{0}, stat_passes_{0};  // thread 0's
+  ProxyStats totals() const;
   int kernel_exited(int grid_status);
 
  private:
-  struct Shadow {
+  struct alignas(64) Shadow {  // what publish_slot last wrote, per slot (its owner's)
     uint64_t recv_write = 0, send_done = 0;
     uint32_t state = 0, buffer = 0, accept_queued = 0;
     int32_t error = 0, send_error = 0;
   };
 
-  void loop();
-  bool drain_requests();
-  void handle(const Request &r);
+  Worker &owner(uint32_t slot) { return *workers_[slot % workers_.size()]; }
+  void loop(Worker &w);
+  bool drain_requests(Worker &w);
+  void handle(Worker &w, const Request &r);
+  int accept_into(Worker &w, uint32_t index, uint32_t listener_slot, uint32_t listener_gen);
   void complete(uint32_t slot, const Request &r, int result);
-  bool progress_active();
-  bool progress_listener(uint32_t index, Slot &slot);
-  bool progress_closing();
+  bool progress_active(Worker &w);
+  bool progress_listener(Worker &w, uint32_t index, Slot &slot);
+  bool progress_closing(Worker &w);
   void publish_slot(uint32_t index);
-  void release_slot(uint32_t index, bool abort = false);
+  void release_slot(Worker &w, uint32_t index, bool abort = false);
   void close_orphans();
-  void activate(uint32_t index);
+  int close_own_orphans(Worker &w, bool abort);
+  void activate(Worker &w, uint32_t index);
   int take_buffer_set(BufferSet *out);
   void return_buffer_set(const BufferSet &set);
-  void retire(std::unique_ptr<Connection> conn);
+  void retire(Worker &w, std::unique_ptr<Connection> conn);
   void close_everything();
   std::string probe_device_memory();
+  uint32_t choose_threads() const;
 
   ProxyOptions options_;
   MemoryResource *memory_ = nullptr;
@@ -100,21 +140,20 @@ class Proxy::Impl {
   InlineRecv *inline_recv_ = nullptr;  // per slot, after status_
   uint8_t *rbuf_reg_ = nullptr;        // what the transport registers
   uint8_t *sbuf_reg_ = nullptr;
-  uint64_t head_ = 0;  // next ticket expected
   std::vector<Slot> slots_;
   std::vector<Shadow> shadows_;
-  std::vector<uint32_t> active_;  // slots with a listener or a connection
+  std::vector<std::unique_ptr<Worker>> workers_;
+  ProxyStats stopped_{};  // the threads' counters, kept when stop() frees them
+  std::mutex buffers_mu_;  // free_buffers_
   std::vector<uint32_t> free_buffers_;
-  std::vector<std::unique_ptr<Connection>> closing_;
-  std::thread thread_;
+  std::mutex listeners_mu_;  // every Slot::listener pointer and ListenerState::queue
   std::atomic<bool> stopping_{false};
   bool started_ = false;
   Clock::duration listener_every_{};
-  Clock::time_point next_listener_poll_{};
-  bool poll_listeners_ = true;  // this pass
-  // kernel_exited(): the caller posts a request, the proxy thread answers it.
+  // kernel_exited(): the caller posts a request, thread 0 answers it once
+  // every thread has closed its own slots (orphan_epoch_ asks them).
   std::mutex orphan_call_;
-  std::atomic<uint64_t> orphan_asked_{0}, orphan_answered_{0};
+  std::atomic<uint64_t> orphan_asked_{0}, orphan_answered_{0}, orphan_epoch_{0};
   std::atomic<bool> orphan_abort_{false};
   std::atomic<int> orphan_result_{0};
 };

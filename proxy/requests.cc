@@ -10,33 +10,39 @@
 
 namespace gpusock {
 
-bool Proxy::Impl::drain_requests() {
+// This thread's request ring (the GPU posts a socket's requests on ring
+// slot % threads), drained in order and applied. True if it took any.
+bool Proxy::Impl::drain_requests(Worker &w) {
   const uint32_t mask = ctx_.request_mask;
+  Request *const ring = requests_ + size_t(w.id) * (mask + 1);
   // The ring is full when even the last entry of this lap is published:
   // producers are waiting for room (back-pressure on the GPU).
-  const Request *last = requests_ + ((head_ + mask) & mask);
-  if (__atomic_load_n(&last->seq, __ATOMIC_ACQUIRE) == head_ + mask + 1)
-    stat_full_laps_.fetch_add(1, std::memory_order_relaxed);
+  const Request *last = ring + ((w.head + mask) & mask);
+  if (__atomic_load_n(&last->seq, __ATOMIC_ACQUIRE) == w.head + mask + 1)
+    bump(w.stats.full_laps);
+  const uint32_t threads = static_cast<uint32_t>(workers_.size());
   uint64_t taken = 0;
   for (;;) {
-    Request *e = requests_ + (head_ & mask);
-    if (__atomic_load_n(&e->seq, __ATOMIC_ACQUIRE) != head_ + 1) break;
+    Request *e = ring + (w.head & mask);
+    if (__atomic_load_n(&e->seq, __ATOMIC_ACQUIRE) != w.head + 1) break;
     Request r;
     std::memcpy(static_cast<void *>(&r), e, 64);
     const int line1 = request_line1_words(r);  // the address or an inline payload, as hashed
     if (line1 > 0)
       std::memcpy(reinterpret_cast<uint64_t *>(&r) + 8, reinterpret_cast<const uint64_t *>(e) + 8, 8 * size_t(line1));
     // The request may still be arriving piece by piece: take it only whole.
-    if (r.seq != head_ + 1 || request_check(reinterpret_cast<const uint64_t *>(&r), line1) != r.check) break;
+    if (r.seq != w.head + 1 || request_check(reinterpret_cast<const uint64_t *>(&r), line1) != r.check) break;
     std::atomic_thread_fence(std::memory_order_acquire);
-    ++head_;
+    ++w.head;
     ++taken;
-    handle(r);
+    // Another thread's socket on this ring is not ours to touch: dropped, as
+    // a request for no socket is.
+    if (r.slot % threads == w.id) handle(w, r);
     if (taken == mask + 1) break;  // one lap at a time: the network moves in between
   }
   if (taken == 0) return false;
-  stat_requests_.fetch_add(taken, std::memory_order_relaxed);
-  publish(&shared_->consumed, head_);
+  bump(w.stats.requests, taken);
+  publish(&shared_[w.id].consumed, w.head);
   return true;
 }
 
@@ -47,15 +53,16 @@ void Proxy::Impl::complete(uint32_t slot, const Request &r, int result) {
   publish(reinterpret_cast<uint64_t *>(&status_[slot].ctrl_done), word);
 }
 
-void Proxy::Impl::activate(uint32_t index) {
+void Proxy::Impl::activate(Worker &w, uint32_t index) {
   Slot &s = slots_[index];
   if (!s.in_active) {
     s.in_active = true;
-    active_.push_back(index);
+    w.active.push_back(index);
   }
 }
 
-void Proxy::Impl::handle(const Request &r) {
+// Runs on the thread that owns r.slot.
+void Proxy::Impl::handle(Worker &w, const Request &r) {
   if (r.slot >= slots_.size()) return;
   Slot &s = slots_[r.slot];
   if (r.gen != s.gen) {
@@ -72,17 +79,17 @@ void Proxy::Impl::handle(const Request &r) {
   // An inline payload goes into the send ring first: it is what send_tail adds.
   if (s.conn && r.op == kOpDataInline) {
     s.conn->write_inline_send(r.send_tail, r.payload, static_cast<uint32_t>(r.arg0));
-    stat_inline_sends_.fetch_add(1, std::memory_order_relaxed);
+    bump(w.stats.inline_sends);
   }
   if (s.conn && r.op != kOpAccept) {
     if ((r.op == kOpData || r.op == kOpDataInline) && r.send_tail > 0) {
       if (const uint64_t ns = s.conn->turnaround_ns(Clock::now())) {
-        stat_turnaround_ns_.fetch_add(ns, std::memory_order_relaxed);
-        stat_turnarounds_.fetch_add(1, std::memory_order_relaxed);
+        bump(w.stats.turnaround_ns, ns);
+        bump(w.stats.turnarounds);
       }
     }
     s.conn->apply_gpu_positions(r.send_tail, r.recv_read);
-    activate(index);
+    activate(w, index);
   }
   switch (r.op) {
     case kOpNop:
@@ -120,10 +127,12 @@ void Proxy::Impl::handle(const Request &r) {
         }
         auto ls = std::make_unique<ListenerState>();
         ls->backlog = std::clamp(r.arg0 <= 0 ? 1 : r.arg0, 1, 4096);
+        ls->gen = s.gen;
         rc = domain_->listen(reinterpret_cast<sockaddr *>(&s.addr), s.addr_len, ls->backlog, &ls->listener);
         if (rc == 0) {
+          std::lock_guard<std::mutex> lock(listeners_mu_);
           s.listener = std::move(ls);
-          activate(index);
+          activate(w, index);
           publish_slot(index);
         }
       }
@@ -140,7 +149,7 @@ void Proxy::Impl::handle(const Request &r) {
         rc = conn->connect(reinterpret_cast<const sockaddr *>(r.addr), r.addr_len);
         if (rc == 0) {
           s.conn = std::move(conn);
-          activate(index);
+          activate(w, index);
           publish(&status_[index].buffer, set.index);
           shadows_[index].buffer = set.index;
         } else {
@@ -151,27 +160,9 @@ void Proxy::Impl::handle(const Request &r) {
       complete(index, r, rc);
       return;
     }
-    case kOpAccept: {
-      int rc = -EINVAL;
-      const uint32_t li = static_cast<uint32_t>(r.arg0);
-      if (li < slots_.size() && slots_[li].gen == static_cast<uint32_t>(r.arg1) && slots_[li].listener && !s.conn &&
-          !s.listener) {
-        ListenerState &ls = *slots_[li].listener;
-        if (ls.queue.empty()) {
-          rc = -EAGAIN;  // another block took it first
-        } else {
-          s.conn = std::move(ls.queue.front());
-          ls.queue.pop_front();
-          activate(index);
-          shadows_[index].buffer = ~0u;  // force the buffer index out
-          publish_slot(index);
-          publish_slot(li);
-          rc = 0;
-        }
-      }
-      complete(index, r, rc);
+    case kOpAccept:
+      complete(index, r, accept_into(w, index, static_cast<uint32_t>(r.arg0), static_cast<uint32_t>(r.arg1)));
       return;
-    }
     case kOpShutdown: {
       const int rc = s.conn ? s.conn->shutdown(r.arg0) : -ENOTCONN;
       if (s.conn) publish_slot(index);
@@ -179,7 +170,7 @@ void Proxy::Impl::handle(const Request &r) {
       return;
     }
     case kOpClose:
-      release_slot(index);
+      release_slot(w, index);
       return;
     default:
       complete(index, r, -EINVAL);
@@ -187,19 +178,46 @@ void Proxy::Impl::handle(const Request &r) {
   }
 }
 
+// gaccept into slot `index` (this thread's) from the listener of another
+// slot, perhaps another thread's: the connection changes threads under
+// listeners_mu_, and the listener's owner publishes its shorter queue on its
+// next listener pass. -EAGAIN: nothing queued (another block took it first).
+int Proxy::Impl::accept_into(Worker &w, uint32_t index, uint32_t listener_slot, uint32_t listener_gen) {
+  Slot &s = slots_[index];
+  if (listener_slot >= slots_.size() || s.conn || s.listener) return -EINVAL;
+  {
+    std::lock_guard<std::mutex> lock(listeners_mu_);
+    ListenerState *ls = slots_[listener_slot].listener.get();
+    if (!ls || ls->gen != listener_gen) return -EINVAL;
+    if (ls->queue.empty()) return -EAGAIN;
+    s.conn = std::move(ls->queue.front());
+    ls->queue.pop_front();
+    ls->queued.store(static_cast<uint32_t>(ls->queue.size()), std::memory_order_relaxed);
+  }
+  activate(w, index);
+  shadows_[index].buffer = ~0u;  // force the buffer index out
+  publish_slot(index);
+  if (&owner(listener_slot) == &w) publish_slot(listener_slot);
+  return 0;
+}
+
 // The socket is closed: its connection finishes in the background, and the
 // slot goes back to the GPU at once (its buffer set stays with the connection).
-void Proxy::Impl::release_slot(uint32_t index, bool abort) {
+void Proxy::Impl::release_slot(Worker &w, uint32_t index, bool abort) {
   Slot &s = slots_[index];
   if (s.listener) {
-    for (auto &c : s.listener->accepting) retire(std::move(c));
-    for (auto &c : s.listener->queue) retire(std::move(c));
-    s.listener.reset();
+    std::unique_ptr<ListenerState> ls;
+    {
+      std::lock_guard<std::mutex> lock(listeners_mu_);
+      ls = std::move(s.listener);
+    }
+    for (auto &c : ls->accepting) retire(w, std::move(c));
+    for (auto &c : ls->queue) retire(w, std::move(c));
   }
   if (s.conn) {
     if (abort) s.conn->abort();
     else s.conn->begin_close(Clock::now() + std::chrono::milliseconds(options_.close_flush_ms));
-    closing_.push_back(std::move(s.conn));
+    w.closing.push_back(std::move(s.conn));
   }
   s.addr_len = 0;
   s.addr = sockaddr_storage{};
@@ -221,25 +239,5 @@ void Proxy::Impl::release_slot(uint32_t index, bool abort) {
   shadows_[index] = Shadow{};
   publish(&st.releases, s.gen);  // last: the GPU may claim the slot now
 }
-
-void Proxy::Impl::retire(std::unique_ptr<Connection> conn) {
-  if (!conn) return;
-  conn->begin_close(Clock::now() + std::chrono::milliseconds(options_.close_flush_ms));
-  closing_.push_back(std::move(conn));
-}
-
-int Proxy::Impl::take_buffer_set(BufferSet *out) {
-  if (free_buffers_.empty()) return -ENOBUFS;
-  const uint32_t i = free_buffers_.back();
-  free_buffers_.pop_back();
-  out->index = i;
-  out->rbuf = rbuf_reg_ + size_t(i) * options_.rbuf_size;
-  out->sbuf = sbuf_reg_ + size_t(i) * options_.sbuf_size;
-  out->rbuf_size = options_.rbuf_size;
-  out->sbuf_size = options_.sbuf_size;
-  return 0;
-}
-
-void Proxy::Impl::return_buffer_set(const BufferSet &set) { free_buffers_.push_back(set.index); }
 
 }  // namespace gpusock

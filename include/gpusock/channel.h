@@ -193,17 +193,25 @@ enum ContextFlags : uint32_t {
 // Everything a kernel needs, passed by value. Pointers are as the GPU sees
 // them (device pointers of host-mapped memory on CUDA; plain pointers on the
 // host backend).
+// Request rings: one per proxy thread (ProxyOptions::threads); socket slot s
+// posts on ring s % request_rings, so each thread reads only its own. Ring q
+// is requests[q * (request_mask + 1) ...], its ticket and consumed_seen are
+// ticket[q * kCounterStride] and consumed_seen[q * kCounterStride] (a line
+// each), its `consumed` is shared[q].consumed; `stop` is shared[0].stop.
+inline constexpr uint32_t kCounterStride = 8;
+
 struct DeviceContext {
   Request *requests = nullptr;
-  uint32_t request_mask = 0;  // entries - 1 (a power of two)
+  uint32_t request_mask = 0;   // entries - 1 per ring (a power of two)
+  uint32_t request_rings = 1;  // one per proxy thread
   const ProxyShared *shared = nullptr;
   const SocketStatus *status = nullptr;
   const InlineRecv *inline_recv = nullptr;  // per slot, beside status
   DeviceSocket *sockets = nullptr;
   uint32_t *claims = nullptr;                   // per slot: times claimed (GPU atomics)
-  unsigned long long *ticket = nullptr;         // request tickets handed out (GPU atomics)
+  unsigned long long *ticket = nullptr;         // request tickets handed out, per ring (GPU atomics)
   uint32_t *claim_cursor = nullptr;             // where the next slot search starts
-  unsigned long long *consumed_seen = nullptr;  // the highest ProxyShared::consumed a producer saw
+  unsigned long long *consumed_seen = nullptr;  // per ring, the highest ProxyShared::consumed a producer saw
   uint8_t *rbufs = nullptr;                     // buffer set i: rbufs + i * rbuf_size
   uint8_t *sbufs = nullptr;                     // buffer set i: sbufs + i * sbuf_size
   uint32_t rbuf_size = 0;

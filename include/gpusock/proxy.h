@@ -69,8 +69,14 @@ struct ProxyOptions {
   int listener_poll_us = -1;        // poll listeners for new connections at most this often
                                     // (-1: GPUSOCK_PROXY_LISTENER_POLL_US, else 20; 0: every pass)
   int close_flush_ms = 5000;        // how long a closed connection may take to flush
-  std::string cpus;                 // pin the proxy thread to these CPUs ("0-15,32"; "" = not pinned):
+  std::string cpus;                 // pin the proxy threads to these CPUs ("0-15,32"; "" = not pinned):
                                     // gpusock::GpuSet passes the CPUs next to the GPU
+  // Proxy threads sharing the sockets: socket slot i is driven by thread
+  // i % threads; thread 0 also drains the request ring and hands the others
+  // their requests. 0: GPUSOCK_PROXY_THREADS, else 1. More than one pays
+  // where a transport's per-message work is the kernel's (fabric:tcp: with
+  // one thread 32 streaming blocks share one core's TCP work, docs/gpu.md).
+  uint32_t threads = 0;
   bool quiet = false;               // do not print the memory placement line at start
   // Which small messages skip the rings (channel::ContextFlags; GPUSOCK_GPU_INLINE
   // gives the bits: 0 none, 1 received, 2 sent, 3 both). Sent only by default:

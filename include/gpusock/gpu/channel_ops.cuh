@@ -107,25 +107,39 @@ GS_HD int status_error(const SocketStatus *st, int otherwise) {
   return err < 0 ? err : otherwise;
 }
 
+// The request ring a socket's requests go to (one per proxy thread).
+struct RingView {
+  Request *entries;
+  unsigned long long *ticket;
+  unsigned long long *consumed_seen;
+  const uint64_t *consumed;
+};
+GS_HD RingView ring_for(const DeviceContext &c, uint32_t slot) {
+  const uint32_t q = c.request_rings > 1 ? slot % c.request_rings : 0;
+  return RingView{c.requests + size_t(q) * (c.request_mask + 1), c.ticket + q * kCounterStride,
+                  c.consumed_seen + q * kCounterStride, &c.shared[q].consumed};
+}
+
 // Leader only. Takes a ticket, waits for room on the ring (back-pressure: the
 // proxy has not consumed `entries` requests ago), writes the entry, publishes seq.
 GS_HD int push_request(const DeviceContext &c, const Request &r, bool release = false) {
-  const unsigned long long ticket = prim::atomic_add(c.ticket, 1ull);
+  const RingView ring = ring_for(c, r.slot);
+  const unsigned long long ticket = prim::atomic_add(ring.ticket, 1ull);
   // Room on the ring: first against the highest `consumed` any producer saw
   // (GPU memory, cheap), and only when that is not enough across PCIe.
-  if (ticket - *reinterpret_cast<volatile unsigned long long *>(c.consumed_seen) > c.request_mask) {
+  if (ticket - *reinterpret_cast<volatile unsigned long long *>(ring.consumed_seen) > c.request_mask) {
     prim::Backoff backoff;
     for (;;) {
-      const unsigned long long consumed = prim::load_acquire(&c.shared->consumed);
+      const unsigned long long consumed = prim::load_acquire(ring.consumed);
       if (ticket - consumed <= c.request_mask) {
-        if (c.consumed_seen) prim::atomic_max(c.consumed_seen, consumed);
+        prim::atomic_max(ring.consumed_seen, consumed);
         break;
       }
       if (backoff.stop_check_due() && stop_requested(c)) return -ESHUTDOWN;  // the ticket dies with the proxy
       backoff.pause();
     }
   }
-  Request *e = c.requests + (ticket & c.request_mask);
+  Request *e = ring.entries + (ticket & c.request_mask);
   Request w = r;
   w.seq = ticket + 1;
   const int line1 = request_line1_words(w);
@@ -143,13 +157,13 @@ GS_HD int push_request(const DeviceContext &c, const Request &r, bool release = 
   return 0;
 }
 
-GS_HD bool ring_has_room(const DeviceContext &c) {
-  const unsigned long long issued_now = *reinterpret_cast<volatile unsigned long long *>(c.ticket);
-  if (c.consumed_seen &&
-      issued_now - *reinterpret_cast<volatile unsigned long long *>(c.consumed_seen) <= c.request_mask)
-    return true;
-  const unsigned long long issued = *reinterpret_cast<volatile unsigned long long *>(c.ticket);
-  return issued - prim::load_acquire(&c.shared->consumed) <= c.request_mask;
+// Would a request for socket `slot` find room on its ring now?
+GS_HD bool ring_has_room(const DeviceContext &c, int slot) {
+  const RingView ring = ring_for(c, static_cast<uint32_t>(slot));
+  const unsigned long long issued_now = *reinterpret_cast<volatile unsigned long long *>(ring.ticket);
+  if (issued_now - *reinterpret_cast<volatile unsigned long long *>(ring.consumed_seen) <= c.request_mask) return true;
+  const unsigned long long issued = *reinterpret_cast<volatile unsigned long long *>(ring.ticket);
+  return issued - prim::load_acquire(ring.consumed) <= c.request_mask;
 }
 
 GS_HD Request make_request(const DeviceContext &c, int s, uint32_t op) {

@@ -128,10 +128,10 @@ GS_HD ssize_t recv(const DeviceContext &c, int s, void *buf, size_t len, int fla
 // Leader: whether the send ring has room with the transport done with what
 // precedes send_done (and, for MSG_DONTWAIT, the request ring has room for the
 // request that follows); if so, where the next bytes go.
-GS_HD bool send_room(const DeviceContext &c, const DeviceSocket &d, uint64_t send_done, size_t want, bool dontwait,
-                     Plan *p) {
+GS_HD bool send_room(const DeviceContext &c, int s, const DeviceSocket &d, uint64_t send_done, size_t want,
+                     bool dontwait, Plan *p) {
   const uint64_t used = d.send_tail - send_done;
-  if (used >= c.sbuf_size || (dontwait && !ring_has_room(c))) return false;
+  if (used >= c.sbuf_size || (dontwait && !ring_has_room(c, s))) return false;
   *p = ring_plan(c.sbufs, c.sbuf_size, d.buffer, d.send_tail, c.sbuf_size - used, want);
   return true;
 }
@@ -145,7 +145,7 @@ GS_HD Plan send_plan(const DeviceContext &c, int s, size_t want, bool dontwait, 
   // needs no PCIe round trip. Errors then show once the ring fills, as with a
   // TCP send buffer.
   Plan p{};
-  if ((d.flags & kDevConnectedSeen) && send_room(c, d, d.send_done_seen, want, dontwait, &p)) return p;
+  if ((d.flags & kDevConnectedSeen) && send_room(c, s, d, d.send_done_seen, want, dontwait, &p)) return p;
   const SocketStatus *st = c.status + s;
   prim::Backoff backoff;
   for (;;) {
@@ -157,7 +157,7 @@ GS_HD Plan send_plan(const DeviceContext &c, int s, size_t want, bool dontwait, 
       return plan_result(status_error(st, -ECONNRESET));
     }
     if (state & kStConnected) {
-      if (send_room(c, d, v.send_done, want, dontwait, &p)) {
+      if (send_room(c, s, d, v.send_done, want, dontwait, &p)) {
         // send_done was an acquire: the transport is done with that space.
         d.send_done_seen = v.send_done;
         d.flags |= kDevConnectedSeen;
