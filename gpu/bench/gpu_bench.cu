@@ -356,6 +356,7 @@ double run_client(std::vector<std::string> args, const std::string &out, int ms)
 int main(int argc, char **argv) {
   bool force_host = false, micro = false;
   int iters = 0, stream_mib = 0, p5_mib = 0, p6_blocks = 0, p6_ms = 1000, threads_arg = 0;
+  int sharded = -1;  // the 32-block row's second proxy: threads (-1: 4 on fabric:tcp, else none)
   uint32_t rings = ProxyOptions{}.rbuf_size;  // what a GPU program gets; the CPU peers keep theirs (128 KiB)
   ProxyOptions options;
   for (int i = 1; i < argc; ++i) {
@@ -372,10 +373,12 @@ int main(int argc, char **argv) {
     else if (a == "--rings") rings = static_cast<uint32_t>(std::atol(next()));
     else if (a == "--micro") micro = true;
     else if (a == "--proxy-cpus") options.cpus = next();
+    else if (a == "--proxy-threads") options.threads = static_cast<uint32_t>(std::atoi(next()));
+    else if (a == "--sharded") sharded = std::atoi(next());
     else {
       std::fprintf(stderr,
                    "usage: %s [--host-backend] [--transport T] [--iters N] [--stream-mib M] [--p5-mib M] "
-                   "[--p6-blocks B] [--p6-ms MS] [--threads T] [--rings BYTES] [--proxy-cpus LIST]\n",
+                   "[--p6-blocks B] [--p6-ms MS] [--threads T] [--rings BYTES] [--proxy-cpus LIST] [--proxy-threads N] [--sharded N]\n",
                    argv[0]);
       return 2;
     }
@@ -417,11 +420,13 @@ int main(int argc, char **argv) {
   DeviceContext ctx = all_modes;
   ctx.flags &= default_inline;
   const char *transport = std::getenv("GPUSOCK_TRANSPORT");
+  // fabric:tcp's per-message work is the kernel's: one proxy thread is one core of it.
+  if (sharded < 0) sharded = gpu && transport && std::string(transport) == "fabric:tcp" ? 8 : 0;
   std::printf("gpu_bench: %s backend, transport %s, %u threads per block, %u B rings\n  %s\n", backend_name(backend),
               transport ? transport : "(default)", threads, rings, proxy->placement().c_str());
   std::fflush(stdout);
 
-  constexpr int kResults = 64;
+  constexpr int kResults = 128;
   MemoryBlock results{}, small{}, big{}, words{}, rate{};
   const uint64_t chunk = 1u << 20;
   if (memory->allocate(MemoryKind::kHostMapped, kResults * sizeof(BenchResult), &results) < 0 ||
@@ -712,7 +717,8 @@ int main(int argc, char **argv) {
 
   // ---- Streaming to CPU drain servers: 1 block and 32 blocks, each with its
   // own socket, against CPU clients with as many connections (same servers,
-  // same chunks, same transport).
+  // same chunks, same transport); 32 blocks again through a second proxy with
+  // `sharded` threads (ProxyOptions::threads), against the same CPU rate.
   for (const unsigned streams : {1u, 32u}) {
     if (slot + streams > kResults) break;
     const uint64_t per = (uint64_t(stream_mib) << 20) / streams;
@@ -753,6 +759,41 @@ int main(int argc, char **argv) {
     else fail((std::string(name) + "_cpu").c_str(), -EIO);
     if (gpu_mbps > 0 && cpu_mbps > 0)
       std::printf("RESULT %s_ratio %.2f x target >= %s\n", name, gpu_mbps / cpu_mbps, streams > 1 ? "0.9" : "1.0");
+    if (streams > 1 && sharded > 1 && slot + streams <= kResults) {
+      ProxyOptions more = options;
+      more.threads = static_cast<uint32_t>(sharded);
+      std::unique_ptr<Proxy> sharded_proxy;
+      double mbps = -1;
+      if (Proxy::start(more, memory.get(), &sharded_proxy) == 0) {
+        DeviceContext sctx = sharded_proxy->device_context();
+        sctx.flags &= default_inline;
+        const int port = gpusock::test::free_port();
+        Peer drains({"drains", std::to_string(port), std::to_string(streams), std::to_string(chunk)});
+        BenchResult *r = res_host + slot;
+        std::memset(r, 0, sizeof(BenchResult) * streams);
+        if (grid.start(backend, LaunchShape{streams, shape.threads, 0},
+                       StreamKernel{sctx, port, static_cast<uint8_t *>(big.device), chunk, per, res_dev + slot}) == 0 &&
+            grid.wait() == 0) {
+          unsigned long long max_ns = 0;
+          long long err = 0;
+          for (unsigned b = 0; b < streams; ++b) {
+            max_ns = std::max(max_ns, r[b].ns);
+            if (r[b].error) err = r[b].error;
+          }
+          if (err == 0 && max_ns > 0) mbps = double(per) * streams * 1000.0 / double(max_ns);
+        }
+        sharded_proxy->kernel_exited(0);
+        sharded_proxy->stop();
+        slot += streams;
+      }
+      if (mbps > 0) {
+        std::printf("RESULT %s_%dthreads_gpu %.0f MB/s through a proxy with %d threads\n", name, sharded, mbps, sharded);
+        if (cpu_mbps > 0)
+          std::printf("RESULT %s_%dthreads_ratio %.2f x target >= 0.9\n", name, sharded, mbps / cpu_mbps);
+      } else {
+        fail((std::string(name) + "_sharded_gpu").c_str(), -EIO);
+      }
+    }
     std::fflush(stdout);
   }
   proxy->kernel_exited(0);  // the listener
