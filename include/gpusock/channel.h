@@ -1,9 +1,9 @@
 // gpusock GPU sockets: the channel, the memory layout the GPU and the proxy
 // share, and what each side writes into it.
 //
-//   GPU (gpusock/gpu.cuh)                     proxy (one CPU thread per GPU)
+//   GPU (gpusock/gpu.cuh)                     proxy (CPU threads per GPU, 1 by default)
 //   ---------------------                     ------------------------------
-//   Request ring    host-mapped, GPU writes   polled by the proxy (its own DRAM)
+//   Request rings   host-mapped, GPU writes   polled by the proxy (its own DRAM; a ring per thread)
 //   SocketStatus[]  proxy writes              polled by the GPU (one thread per
 //   InlineRecv[]    proxy writes               block or warp, with back-off)
 //   ProxyShared     proxy writes
