@@ -719,29 +719,32 @@ int main(int argc, char **argv) {
   // own socket, against CPU clients with as many connections (same servers,
   // same chunks, same transport); 32 blocks again through a second proxy with
   // `sharded` threads (ProxyOptions::threads), against the same CPU rate.
+  // `streams` blocks, a socket each, through the proxy behind `c`: MB/s, or -1.
+  auto gpu_streams = [&](const DeviceContext &c, unsigned streams, uint64_t per) {
+    double mbps = -1;
+    const int port = gpusock::test::free_port();
+    Peer drains({"drains", std::to_string(port), std::to_string(streams), std::to_string(chunk)});
+    BenchResult *r = res_host + slot;
+    std::memset(r, 0, sizeof(BenchResult) * streams);
+    if (grid.start(backend, LaunchShape{streams, shape.threads, 0},
+                   StreamKernel{c, port, static_cast<uint8_t *>(big.device), chunk, per, res_dev + slot}) == 0 &&
+        grid.wait() == 0) {
+      unsigned long long max_ns = 0;
+      long long err = 0;
+      for (unsigned b = 0; b < streams; ++b) {
+        max_ns = std::max(max_ns, r[b].ns);
+        if (r[b].error) err = r[b].error;
+      }
+      if (err == 0 && max_ns > 0) mbps = double(per) * streams * 1000.0 / double(max_ns);
+      else std::printf("  (GPU streams ended with %s)\n", gs_status_name(static_cast<int>(err)));
+    }
+    slot += streams;
+    return mbps;
+  };
   for (const unsigned streams : {1u, 32u}) {
     if (slot + streams > kResults) break;
     const uint64_t per = (uint64_t(stream_mib) << 20) / streams;
-    double gpu_mbps = -1, cpu_mbps = -1;
-    {
-      const int port = gpusock::test::free_port();
-      Peer drains({"drains", std::to_string(port), std::to_string(streams), std::to_string(chunk)});
-      BenchResult *r = res_host + slot;
-      std::memset(r, 0, sizeof(BenchResult) * streams);
-      if (grid.start(backend, LaunchShape{streams, shape.threads, 0},
-                     StreamKernel{ctx, port, static_cast<uint8_t *>(big.device), chunk, per, res_dev + slot}) == 0 &&
-          grid.wait() == 0) {
-        unsigned long long max_ns = 0;
-        long long err = 0;
-        for (unsigned b = 0; b < streams; ++b) {
-          max_ns = std::max(max_ns, r[b].ns);
-          if (r[b].error) err = r[b].error;
-        }
-        if (err == 0 && max_ns > 0) gpu_mbps = double(per) * streams * 1000.0 / double(max_ns);
-        else std::printf("  (GPU streams ended with %s)\n", gs_status_name(static_cast<int>(err)));
-      }
-      slot += streams;
-    }
+    double gpu_mbps = gpu_streams(ctx, streams, per), cpu_mbps = -1;
     {
       const int port = gpusock::test::free_port();
       Peer drains({"drains", std::to_string(port), std::to_string(streams), std::to_string(chunk)});
@@ -767,24 +770,9 @@ int main(int argc, char **argv) {
       if (Proxy::start(more, memory.get(), &sharded_proxy) == 0) {
         DeviceContext sctx = sharded_proxy->device_context();
         sctx.flags &= default_inline;
-        const int port = gpusock::test::free_port();
-        Peer drains({"drains", std::to_string(port), std::to_string(streams), std::to_string(chunk)});
-        BenchResult *r = res_host + slot;
-        std::memset(r, 0, sizeof(BenchResult) * streams);
-        if (grid.start(backend, LaunchShape{streams, shape.threads, 0},
-                       StreamKernel{sctx, port, static_cast<uint8_t *>(big.device), chunk, per, res_dev + slot}) == 0 &&
-            grid.wait() == 0) {
-          unsigned long long max_ns = 0;
-          long long err = 0;
-          for (unsigned b = 0; b < streams; ++b) {
-            max_ns = std::max(max_ns, r[b].ns);
-            if (r[b].error) err = r[b].error;
-          }
-          if (err == 0 && max_ns > 0) mbps = double(per) * streams * 1000.0 / double(max_ns);
-        }
+        mbps = gpu_streams(sctx, streams, per);
         sharded_proxy->kernel_exited(0);
         sharded_proxy->stop();
-        slot += streams;
       }
       if (mbps > 0) {
         std::printf("RESULT %s_%dthreads_gpu %.0f MB/s through a proxy with %d threads\n", name, sharded, mbps, sharded);
