@@ -511,9 +511,10 @@ TEST_P(GpuEcho, BlocksEchoCpuClients) {
   start_proxy(options);
   // The sharded runs (GPUSOCK_PROXY_THREADS, ctest's *_3threads): gaccept on
   // one thread's listener into other threads' slots, each its own ring.
-  if (const char *t = std::getenv("GPUSOCK_PROXY_THREADS"); t && std::atoi(t) > 1)
+  if (const char *t = std::getenv("GPUSOCK_PROXY_THREADS"); t && std::atoi(t) > 1) {
     EXPECT_NE(proxy_->placement().find(std::to_string(std::atoi(t)) + " proxy threads"), std::string::npos)
         << proxy_->placement();
+  }
   const int port = free_port();
   const int total = static_cast<int>(c.blocks) * c.conns_per_block;
   const int listener = gpu_listen(port, total);
