@@ -69,13 +69,14 @@ void spin_pause(unsigned step) {
     sched_yield();
     return;
   }
-  for (int i = 0; i < 8; ++i) {
+  // One pause: data that lands during the pause waits for it to end, and
+  // eight (~0.2 µs on this EPYC, more where a pause is 140 cycles) made the
+  // shm round trip ~17 % slower (docs/performance.md).
 #if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
+  __builtin_ia32_pause();
 #elif defined(__aarch64__)
-    asm volatile("yield");
+  asm volatile("yield");
 #endif
-  }
 }
 
 Engine &Engine::get() {

@@ -18,7 +18,7 @@
 
 namespace gpusock::socket {
 
-// One step of a busy-poll: a few pause instructions, and every 64th step a
+// One step of a busy-poll: a pause instruction, and every 64th step a
 // yield, so a spinning caller costs no system call per poll yet still lets a
 // peer on an oversubscribed machine run.
 void spin_pause(unsigned step);
