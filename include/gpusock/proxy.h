@@ -72,10 +72,11 @@ struct ProxyOptions {
   std::string cpus;                 // pin the proxy threads to these CPUs ("0-15,32"; "" = not pinned):
                                     // gpusock::GpuSet passes the CPUs next to the GPU
   // Proxy threads sharing the sockets: socket slot i is driven by thread
-  // i % threads; thread 0 also drains the request ring and hands the others
-  // their requests. 0: GPUSOCK_PROXY_THREADS, else 1. More than one pays
-  // where a transport's per-message work is the kernel's (fabric:tcp: with
-  // one thread 32 streaming blocks share one core's TCP work, docs/gpu.md).
+  // i % threads, which alone reads request ring i % threads (where the GPU
+  // posts that socket's requests). 0: GPUSOCK_PROXY_THREADS, else 1. More than one pays where a transport's
+  // per-message work is the kernel's (fabric:tcp: with one thread 32
+  // streaming blocks share one core's TCP work); on the H100 it also halved
+  // the small-request rate (P6), cause not found (docs/gpu.md).
   uint32_t threads = 0;
   bool quiet = false;               // do not print the memory placement line at start
   // Which small messages skip the rings (channel::ContextFlags; GPUSOCK_GPU_INLINE
