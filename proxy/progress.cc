@@ -18,7 +18,10 @@ bool Proxy::Impl::progress_active(Worker &w) {
       w.active.pop_back();
       continue;
     }
-    if (s.listener && w.poll_listeners) did |= progress_listener(w, index, s);
+    if (s.listener) {
+      if (w.poll_listeners) did |= progress_listener(w, index, s);
+      else publish_slot(index);  // a gaccept on another thread shortened the queue
+    }
     if (s.conn) {
       const DriverState before = s.conn->state();
       did |= s.conn->progress();

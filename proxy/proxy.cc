@@ -224,8 +224,7 @@ void Proxy::Impl::stop() {
   if (started_) close_everything();
   started_ = false;
   slots_.clear();
-  stopped_ = totals();
-  workers_.clear();
+  // workers_ stays (joined): stats() and kernel_exited() may still read it.
   for (MemoryBlock *b : {&requests_mem_, &status_mem_, &private_mem_, &rbuf_mem_, &sbuf_mem_})
     if (b->size && memory_) memory_->release(b);
   domain_.reset();
@@ -254,7 +253,7 @@ void Proxy::stop() {
 const std::string &Proxy::placement() const { return impl_->placement_; }
 
 ProxyStats Proxy::Impl::totals() const {
-  ProxyStats s = stopped_;
+  ProxyStats s;
   for (const auto &w : workers_) {
     const Counters &c = w->stats;
     s.requests += c.requests.load(std::memory_order_relaxed);

@@ -143,7 +143,6 @@ class Proxy::Impl {
   std::vector<Slot> slots_;
   std::vector<Shadow> shadows_;
   std::vector<std::unique_ptr<Worker>> workers_;
-  ProxyStats stopped_{};  // the threads' counters, kept when stop() frees them
   std::mutex buffers_mu_;  // free_buffers_
   std::vector<uint32_t> free_buffers_;
   std::mutex listeners_mu_;  // every Slot::listener pointer and ListenerState::queue

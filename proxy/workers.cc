@@ -100,8 +100,10 @@ void Proxy::Impl::close_orphans() {
   orphan_epoch_.store(asked, std::memory_order_release);
   int closed = close_own_orphans(*workers_[0], abort);
   for (size_t i = 1; i < workers_.size(); ++i) {
-    while (workers_[i]->orphans_answered.load(std::memory_order_acquire) != asked)
+    while (workers_[i]->orphans_answered.load(std::memory_order_acquire) != asked) {
       if (stopping_.load(std::memory_order_relaxed)) return;
+      std::this_thread::yield();
+    }
     closed += workers_[i]->orphans_closed;
   }
   if (closed > 0) {
