@@ -274,6 +274,7 @@ int RdmEndpoint::poll(Completion *out, int max) {
   after_pass();
   if (got < 0) [[unlikely]]
     return got;
+  cq_read_for_cm_ = true;
   n += produced;
   if (got == 0 && (++idle_polls_ & 15) == 0) check_liveness();
   if (!ring_.empty()) n += ring_.drain(out + n, max - n);
@@ -282,7 +283,14 @@ int RdmEndpoint::poll(Completion *out, int max) {
 
 int RdmEndpoint::poll_cm(CmEvent *out) {
   if (out == nullptr) return 0;
-  if (events_.empty() && state_ != State::kClosed && state_ != State::kIdle) {
+  // A progress pass polls completions first: when that read the CQ, the
+  // control messages it held are in events_ already. A second read here cost
+  // half of an idle pass and could only stash what the next poll() reads.
+  const bool cq_just_read = cq_read_for_cm_;
+  cq_read_for_cm_ = false;
+  if (cq_just_read) {
+    if (events_.empty()) check_liveness();
+  } else if (events_.empty() && state_ != State::kClosed && state_ != State::kIdle) {
     before_pass();
     if (ctrl_pending_) flush_ctrl();
     Completion buffer[kCqBatch];

@@ -144,6 +144,7 @@ class RdmEndpoint final : public FabricEndpointBase {
   bool tx_blocked_ = false;        // a write met -FI_EAGAIN and none went since
   bool send_blocked_ = false;      // a send met -FI_EAGAIN since we last asked its peer to ring back
   bool liveness_now_ = false;      // check_liveness at once
+  bool cq_read_for_cm_ = false;    // poll() read the CQ since poll_cm last looked: poll_cm need not
   bool peer_unreachable_ = false;  // a ring-back request found the peer's bell gone: its endpoint is
 };
 
