@@ -68,6 +68,7 @@ gs_status_t ConnectionDriver::setup(ConnectionRequest *request, const DriverConf
   stream.rq_size = config.rq_size;
   stream.inline_size = std::min(config.inline_size, endpoint_->max_inline());
   stream.msg_send = !domain_->caps().write_with_imm;  // iWARP: write + 4-byte send (§2.11)
+  stream.posts_receives = domain_->caps().needs_recv_posts;
   ConnRecord record;
   core_ = Stream{};
   core_.init(stream, layout, &record);

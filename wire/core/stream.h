@@ -26,6 +26,9 @@ struct StreamConfig {
   // sends each message as a write plus a 4-byte send, so every message takes two
   // send-queue slots and two control credits.
   bool msg_send = false;
+  // The transport takes immediates without posted receives (libfabric shm:
+  // TransportCaps::needs_recv_posts false): no kPostRecv action is produced.
+  bool posts_receives = true;
 };
 
 // Where the peer must write: our receive ring and target table, as registered.
@@ -188,6 +191,7 @@ class Stream {
   uint32_t rbuf_size_ = 0, half_ = 0, sbuf_size_ = 0, inline_size_ = 0;
   uint16_t sq_size_ = 0, rq_size_ = 0;
   uint32_t slots_per_msg_ = 1;  // 2 with msg_send (iWARP)
+  bool posts_receives_ = true;
   LocalLayout layout_{};
 
   // peer

@@ -13,13 +13,14 @@ GS_HD void Stream::init(const StreamConfig &config, const LocalLayout &layout, C
   rq_size_ = static_cast<uint16_t>(gs_min<uint32_t>(gs_max<uint32_t>(config.rq_size, kQpMinSize), kQpMaxSize));
   inline_size_ = config.msg_send ? gs_max<uint32_t>(config.inline_size, kMsgSize) : config.inline_size;
   slots_per_msg_ = config.msg_send ? 2 : 1;
+  posts_receives_ = config.posts_receives;
   layout_ = layout;
   for (uint32_t i = 0; i < kSglSize; ++i) layout_.table[i].length = 0;
 
   advertised_ = half_;  // H0 goes out in the record's data_buf (§2.3)
   granted_ = rq_size_;
   rseq_comp_ = static_cast<uint16_t>(rq_size_ / 2);
-  recv_posts_owed_ = recv_posts_needed();
+  recv_posts_owed_ = posts_receives_ ? recv_posts_needed() : 0;
 
   our_record->version = kRsVersion;
   our_record->flags = local_conn_flags();
@@ -59,7 +60,7 @@ GS_HD void Stream::set_disconnected() {
 
 GS_HD gs_status_t Stream::on_recv_imm(uint32_t imm, uint32_t /*length*/) {
   if (state_ == StreamState::kError) return error_;
-  if (state_ == StreamState::kConnected) ++recv_posts_owed_;  // that immediate used a receive
+  if (posts_receives_ && state_ == StreamState::kConnected) ++recv_posts_owed_;  // that immediate used a receive
   const ImmOp op = imm_op(imm);
   const uint32_t value = imm_value(imm);
 
