@@ -73,6 +73,24 @@ TEST(Advert, ReceivesArePostedBeforeConnect) {
   EXPECT_EQ(e.s.state(), StreamState::kIdle);
 }
 
+TEST(Advert, NoReceivesPostedWhereTheTransportNeedsNone) {
+  // libfabric shm takes immediates without posted receives
+  // (TransportCaps::needs_recv_posts): neither at set-up nor per message is a
+  // kPostRecv produced; the credits and adverts on the wire are the same.
+  StreamConfig config;
+  config.posts_receives = false;
+  Endpoint e(0, config);
+  EXPECT_TRUE(drain(e.s).empty());
+  ASSERT_EQ(e.s.on_established(peer_record()), 0);
+  std::vector<Action> acts = drain(e.s);
+  ASSERT_EQ(acts.size(), 1u);
+  EXPECT_EQ(acts[0].kind, ActionKind::kWrite);
+  EXPECT_EQ(acts[0].write_kind, WriteKind::kCredits);
+  EXPECT_EQ(acts[0].imm, 0x80000000u | 384u);
+  ASSERT_EQ(e.s.on_recv_imm(imm_data(64), 64), 0);
+  for (const Action &a : drain(e.s)) EXPECT_NE(a.kind, ActionKind::kPostRecv);
+}
+
 TEST(Advert, FirstCreditAdvertisesSecondHalfIntoSlot1) {
   // §1.3.1: slot 0 is the peer's data_buf; §2.3 step 2 / §9.7: the first credit
   // update advertises H1 (offset rbuf_size/2) into the peer's slot 1.
