@@ -185,28 +185,28 @@ int Engine::add(std::shared_ptr<StreamSocket> socket, bool cloexec) {
   const int fd = eventfd(0, EFD_NONBLOCK | (cloexec ? EFD_CLOEXEC : 0));
   if (fd < 0) return -errno;
   {
-    std::unique_lock lock(table_mu_);
-    if (static_cast<size_t>(fd) >= table_.size()) table_.resize(static_cast<size_t>(fd) + 64);
+    std::lock_guard lock(table_mu_);
     socket->fd_refs.fetch_add(1);
-    table_[static_cast<size_t>(fd)] = std::move(socket);
+    int status;
+    table_.put(fd, std::move(socket), &status);
+    if (status < 0) {
+      ::close(fd);
+      return status;
+    }
   }
   start_background();
   return fd;
 }
 
-std::shared_ptr<StreamSocket> Engine::find(int fd) const {
-  std::shared_lock lock(table_mu_);
-  if (fd < 0 || static_cast<size_t>(fd) >= table_.size()) return nullptr;
-  return table_[static_cast<size_t>(fd)];
-}
+std::shared_ptr<StreamSocket> Engine::find(int fd) const { return table_.get(fd); }
 
 int Engine::close(int fd) {
   std::shared_ptr<StreamSocket> socket;
   {
-    std::unique_lock lock(table_mu_);
-    if (fd < 0 || static_cast<size_t>(fd) >= table_.size() || !table_[static_cast<size_t>(fd)]) return -EBADF;
-    socket = std::move(table_[static_cast<size_t>(fd)]);
-    ::close(fd);
+    std::lock_guard lock(table_mu_);
+    socket = table_.take(fd);
+    if (!socket) return -EBADF;
+    ::close(fd);  // under the lock: the number is not reused before its slot is empty
   }
   release(std::move(socket));
   return 0;
@@ -234,14 +234,17 @@ int Engine::dup(int fd, int newfd, int flags) {
   std::shared_ptr<StreamSocket> replaced;
   int result;
   {
-    std::unique_lock lock(table_mu_);
+    std::lock_guard lock(table_mu_);
     result = newfd < 0 ? ::fcntl(fd, (flags & O_CLOEXEC) ? F_DUPFD_CLOEXEC : F_DUPFD, 0)
                        : ::dup3(fd, newfd, flags & O_CLOEXEC);
     if (result < 0) return -errno;
-    if (static_cast<size_t>(result) >= table_.size()) table_.resize(static_cast<size_t>(result) + 64);
-    replaced = std::move(table_[static_cast<size_t>(result)]);  // dup2 over a socket closes it
+    int status;
+    replaced = table_.put(result, socket, &status);  // dup2 over a socket closes it
+    if (status < 0) {
+      ::close(result);
+      return status;
+    }
     socket->fd_refs.fetch_add(1);
-    table_[static_cast<size_t>(result)] = socket;
   }
   if (replaced) release(std::move(replaced));
   return result;
@@ -267,11 +270,9 @@ void Engine::background_loop() {
     auto look_by = Clock::now() + kIdleLook;
     bool did = false;
     work.clear();
-    {
-      std::shared_lock lock(table_mu_);
-      for (auto &socket : table_)
-        if (socket && socket->needs_background(&look_by)) work.push_back(socket);
-    }
+    table_.for_each([&](std::shared_ptr<StreamSocket> socket) {
+      if (socket->needs_background(&look_by)) work.push_back(std::move(socket));
+    });
     for (auto &socket : work) did |= socket->try_background_progress();
     {
       std::lock_guard lock(closing_mu_);
@@ -315,9 +316,8 @@ void Engine::at_exit() {
   Engine &e = get();
   std::vector<std::shared_ptr<StreamSocket>> open;
   {
-    std::unique_lock lock(e.table_mu_);
-    for (auto &socket : e.table_)
-      if (socket) open.push_back(std::move(socket));
+    std::lock_guard lock(e.table_mu_);
+    e.table_.take_each([&](std::shared_ptr<StreamSocket> socket) { open.push_back(std::move(socket)); });
   }
   for (auto &socket : open) socket->begin_close();
   {
@@ -357,10 +357,8 @@ void Engine::fork_parent() {
 // closes them. The next socket opens a fresh domain and background thread.
 void Engine::fork_child() {
   Engine &e = get();
-  auto *abandoned = new std::vector<std::shared_ptr<StreamSocket>>();  // never freed, on purpose
-  for (auto &socket : e.table_)
-    if (socket) abandoned->push_back(std::move(socket));
-  e.table_.clear();
+  e.table_.abandon();  // its sockets are never freed, on purpose
+  auto *abandoned = new std::vector<std::shared_ptr<StreamSocket>>();  // never freed either
   for (auto &socket : e.closing_) abandoned->push_back(std::move(socket));
   e.closing_.clear();
   if (e.domain_) e.inherited_transport_ = e.domain_->caps().name;
@@ -381,10 +379,7 @@ void Engine::fork_child() {
   e.background_sleeping_ = false;
   forget_thread_waker_after_fork();
   e.stopping_ = false;
-  // A fresh lock, not an unlock: glibc's rwlock knows its writer by thread id,
-  // which is the child's own now, so unlock() would take the parent's write
-  // lock for a read lock and leave it held (the next add() would hang).
-  new (&e.table_mu_) std::shared_mutex();
+  e.table_mu_.unlock();
   e.closing_mu_.unlock();
   e.thread_mu_.unlock();
   e.domain_mu_.unlock();

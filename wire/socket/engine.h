@@ -4,6 +4,7 @@
 // sends, finishing closes) — what a kernel's TCP stack does on its own.
 #pragma once
 
+#include "wire/socket/fd_table.h"
 #include "wire/socket/reg_cache.h"
 #include "wire/socket/ring_budget.h"
 #include "wire/socket/stream_socket.h"
@@ -11,7 +12,6 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
-#include <shared_mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -72,8 +72,8 @@ class Engine {
   static void fork_parent();
   static void fork_child();
 
-  mutable std::shared_mutex table_mu_;
-  std::vector<std::shared_ptr<StreamSocket>> table_;  // indexed by fd
+  std::mutex table_mu_;  // serializes the table's writers (add, close, dup); lookups take no lock
+  FdTable<StreamSocket> table_;
   std::mutex closing_mu_;
   std::vector<std::shared_ptr<StreamSocket>> closing_;
 
