@@ -46,7 +46,9 @@ class FdTable {
   SocketPtr put(int fd, SocketPtr socket, int *status) {
     Slot *s = writable_slot(fd);
     *status = s ? 0 : -EMFILE;
-    return s ? s->exchange(std::move(socket)) : nullptr;
+    if (!s) return nullptr;
+    if (fd > high_water_.load(std::memory_order_relaxed)) high_water_.store(fd, std::memory_order_release);
+    return s->exchange(std::move(socket));
   }
   // Writers only. Empties fd's slot; returns what was there.
   SocketPtr take(int fd) {
@@ -55,7 +57,8 @@ class FdTable {
     return chunk ? chunk[fd & (kChunk - 1)].exchange(nullptr) : nullptr;
   }
 
-  // f(socket) for every socket in the table (each slot read once).
+  // f(socket) for every socket in the table (each slot read once; empty
+  // slots and fds past the highest ever used cost a load, no write).
   template <class F>
   void for_each(F &&f) const {
     visit([&](Slot &s) {
@@ -76,6 +79,7 @@ class FdTable {
   // freed, like everything the child inherits from the parent's transport).
   void abandon() {
     for (auto &chunk : chunks_) chunk.store(nullptr, std::memory_order_relaxed);
+    high_water_.store(-1, std::memory_order_relaxed);
   }
 
  private:
@@ -84,6 +88,7 @@ class FdTable {
   class alignas(64) Slot {
    public:
     SocketPtr load() const {
+      if (!occupied_.load(std::memory_order_acquire)) return nullptr;  // no write for an empty slot
       lock();
       SocketPtr copy = socket_;
       unlock();
@@ -91,6 +96,7 @@ class FdTable {
     }
     SocketPtr exchange(SocketPtr socket) {  // the old one is dropped by the caller, unlocked
       lock();
+      occupied_.store(socket != nullptr, std::memory_order_relaxed);
       socket_.swap(socket);
       unlock();
       return socket;
@@ -108,14 +114,16 @@ class FdTable {
 #endif
     }
     mutable std::atomic<bool> busy_{false};
+    std::atomic<bool> occupied_{false};  // socket_ != null, readable without the lock
     SocketPtr socket_;
   };
 
   template <class F>
   void visit(F &&f) const {
-    for (const auto &c : chunks_)
-      if (Slot *chunk = c.load(std::memory_order_acquire))
-        for (int i = 0; i < kChunk; ++i) f(chunk[i]);
+    const int top = high_water_.load(std::memory_order_acquire);
+    for (int c = 0; c <= (top >> kChunkBits) && top >= 0; ++c)
+      if (Slot *chunk = chunks_[c].load(std::memory_order_acquire))
+        for (int i = 0; i < kChunk && ((c << kChunkBits) | i) <= top; ++i) f(chunk[i]);
   }
 
   Slot *writable_slot(int fd) {
@@ -130,6 +138,7 @@ class FdTable {
   }
 
   std::atomic<Slot *> chunks_[kMaxChunks] = {};
+  std::atomic<int> high_water_{-1};  // the highest fd ever put
 };
 
 }  // namespace gpusock::socket
