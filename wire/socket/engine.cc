@@ -263,17 +263,33 @@ void Engine::background_loop() {
   // Closing sockets wait on timers too (teardown linger, the peer's teardown).
   constexpr auto kClosingTick = std::chrono::milliseconds(5);
   constexpr auto kIdleLook = std::chrono::seconds(1);  // a safety net only
-  std::vector<std::shared_ptr<StreamSocket>> work;
+  std::vector<std::shared_ptr<StreamSocket>> work;  // progressed now and slept on
+  std::vector<std::shared_ptr<StreamSocket>> due;   // progressed now only (timers)
   std::vector<pollfd> fds;
   while (!stopping_.load(std::memory_order_relaxed)) {
     const uint64_t epoch = background_epoch_.load(std::memory_order_seq_cst);
     auto look_by = Clock::now() + kIdleLook;
     bool did = false;
     work.clear();
+    due.clear();
     table_.for_each([&](std::shared_ptr<StreamSocket> socket) {
-      if (socket->needs_background(&look_by)) work.push_back(std::move(socket));
+      switch (socket->background_need(&look_by)) {
+        case StreamSocket::Background::kEvents:
+          work.push_back(std::move(socket));
+          break;
+        case StreamSocket::Background::kPass:
+          due.push_back(std::move(socket));
+          break;
+        case StreamSocket::Background::kNone:
+          break;
+      }
     });
     for (auto &socket : work) did |= socket->try_background_progress();
+    for (auto &socket : due) {
+      // A pass that the application's own call took first (try_lock) is
+      // retried soon, not after the next idle second.
+      if (!socket->try_background_progress()) look_by = std::min(look_by, Clock::now() + kClosingTick);
+    }
     {
       std::lock_guard lock(closing_mu_);
       for (size_t i = 0; i < closing_.size();) {

@@ -95,10 +95,15 @@ class StreamSocket {
   // Appends the fds prepare_sleep would sleep on (no arming).
   void list_wait_fds(std::vector<pollfd> *fds);
   void remove_sleeper(int waker_fd);
-  // Whether the engine's background thread must keep this socket moving while
-  // nobody calls into it (a listener, a connect under way, a send ring to
-  // flush, keepalive), and by when it must look again at the latest.
-  bool needs_background(Clock::time_point *look_by);
+  // What the engine's background thread must do for this socket while nobody
+  // calls into it, and (in *look_by) by when it must look again at the latest.
+  enum class Background : uint8_t {
+    kNone,    // nothing now (a keepalive's next time is in *look_by)
+    kPass,    // one progress pass now (a keepalive is due); nothing to sleep on
+    kEvents,  // a pass now and whenever its transport has news: a listener, a
+              // connect under way, a send ring waiting for credits
+  };
+  Background background_need(Clock::time_point *look_by);
   // One progress pass. Returns true if anything happened.
   bool progress();
   // The background thread's pass: only if nobody else holds the socket, and

@@ -78,6 +78,25 @@ TEST_F(SocketE2E, EchoRoundTrip) {
   EXPECT_EQ(gs_close(fd), 0);
 }
 
+// SO_KEEPALIVE with a one-second idle time: the engine's background thread
+// sends keepalives on its timer while nobody calls in (it no longer sleeps on
+// the connection's events for that), and the stream is intact afterwards.
+TEST_F(SocketE2E, IdleKeepaliveConnectionKeepsWorking) {
+  int fd = connect_to(port_);
+  ASSERT_GE(fd, 0) << gs_status_name(fd) << " " << gs_last_error();
+  int one = 1;
+  ASSERT_EQ(gs_setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one), 0);
+  ASSERT_EQ(gs_setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &one, sizeof one), 0);
+  for (int round = 0; round < 2; ++round) {
+    uint64_t v = 0x1234567800000000ull + static_cast<uint64_t>(round), w = 0;
+    ASSERT_EQ(gs_write(fd, &v, sizeof v), 8);
+    ASSERT_TRUE(recv_all(fd, reinterpret_cast<uint8_t *>(&w), sizeof w));
+    ASSERT_EQ(v, w);
+    std::this_thread::sleep_for(std::chrono::milliseconds(2300));  // two keepalives go out
+  }
+  EXPECT_EQ(gs_close(fd), 0);
+}
+
 // Echo of a large random buffer: one thread writes while this one reads, so the
 // protocol's flow control is exercised in both directions at once.
 void echo_bulk(int port, size_t size, uint32_t seed) {
