@@ -2,7 +2,6 @@
 #include "wire/socket/waiting.h"
 
 #include <fcntl.h>
-#include <sched.h>
 #include <pthread.h>
 #include <sys/eventfd.h>
 #include <sys/resource.h>
@@ -63,21 +62,6 @@ void sleep_us(long us) {
 }
 
 }  // namespace
-
-void spin_pause(unsigned step) {
-  if (step % 64 == 63) {
-    sched_yield();
-    return;
-  }
-  // One pause: data that lands during the pause waits for it to end, and
-  // eight (~0.2 µs on this EPYC, more where a pause is 140 cycles) made the
-  // shm round trip ~17 % slower (docs/performance.md).
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
 
 Engine &Engine::get() {
   // Never destroyed: sockets may outlive static destructors of the application.

@@ -7,6 +7,7 @@
 #include "wire/socket/fd_table.h"
 #include "wire/socket/reg_cache.h"
 #include "wire/socket/ring_budget.h"
+#include "wire/socket/spin_pause.h"
 #include "wire/socket/stream_socket.h"
 
 #include <atomic>
@@ -17,11 +18,6 @@
 #include <vector>
 
 namespace gpusock::socket {
-
-// One step of a busy-poll: a pause instruction, and every 64th step a
-// yield, so a spinning caller costs no system call per poll yet still lets a
-// peer on an oversubscribed machine run.
-void spin_pause(unsigned step);
 
 class Engine {
  public:

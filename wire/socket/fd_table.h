@@ -11,6 +11,8 @@
 // serialized by the engine's table mutex.
 #pragma once
 
+#include "wire/socket/spin_pause.h"
+
 #include <errno.h>
 
 #include <atomic>
@@ -104,15 +106,10 @@ class FdTable {
 
    private:
     void lock() const {
-      while (busy_.exchange(true, std::memory_order_acquire))
-        while (busy_.load(std::memory_order_relaxed)) pause();
+      for (unsigned step = 0; busy_.exchange(true, std::memory_order_acquire);)
+        while (busy_.load(std::memory_order_relaxed)) spin_pause(step++);  // yields to a preempted holder
     }
     void unlock() const { busy_.store(false, std::memory_order_release); }
-    static void pause() {
-#if defined(__x86_64__) || defined(__i386__)
-      __builtin_ia32_pause();
-#endif
-    }
     mutable std::atomic<bool> busy_{false};
     std::atomic<bool> occupied_{false};  // socket_ != null, readable without the lock
     SocketPtr socket_;

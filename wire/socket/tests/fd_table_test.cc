@@ -70,7 +70,7 @@ TEST(FdTable, AbandonForgetsEverything) {
   t.put(10, kept, &status);
   t.abandon();  // the child of fork(): the chunk is leaked, not freed
   EXPECT_EQ(t.get(10), nullptr);
-  EXPECT_EQ(kept.use_count(), 2);  // the leaked slot still holds it
+  EXPECT_EQ(kept.use_count(), 2);                 // the leaked slot still holds it
   t.put(10, std::make_shared<int>(11), &status);  // a fresh chunk
   EXPECT_EQ(*t.get(10), 11);
 }
