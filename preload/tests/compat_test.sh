@@ -58,9 +58,10 @@ curl_rate() { $(prefix "$1") timeout 60 curl -s -o /dev/null -w '%{speed_downloa
 ab_rate() {
   local mode=$1
   shift
-  $(prefix "$mode") timeout 60 ab -q -n 2000 -c 4 "$@" "http://127.0.0.1:$PORT/small.bin" 2>/dev/null >"$W/ab.$mode"
-  grep -q '^Failed requests: *0$' "$W/ab.$mode" || { echo 0; return; }
-  awk '/^Requests per second/ { print $4 }' "$W/ab.$mode"
+  local out="$W/ab.$mode${1:-}"  # ab.shim, ab.shim-k: both kept for a failed run
+  $(prefix "$mode") timeout 60 ab -q -n 2000 -c 4 "$@" "http://127.0.0.1:$PORT/small.bin" >"$out" 2>&1
+  grep -q '^Failed requests: *0$' "$out" || { echo 0; return; }
+  awk '/^Requests per second/ { print $4 }' "$out"
 }
 # http_clients NAME VERSION: curl and wget byte checks, curl and ab rates (shim
 # against kernel); the server is started by start_server MODE, stopped by stop_server.
