@@ -23,8 +23,7 @@
 // The CPU peers are gpu_test_peer processes beside this binary (they inherit
 // its CPU affinity: run it under taskset to keep them off the proxy's core).
 // GS_BENCH_ECHO_PEER picks the echo peer's mode for echo_rtt_64B.
-#include "gpu/tests/harness.h"
-#include "test-support/timing.h"
+#include "gpu/bench/bench_kernels.cuh"
 
 #include <gpusock/gpu.cuh>
 
@@ -39,94 +38,35 @@
 namespace {
 
 using namespace gpusock;
-using gpusock::test::Peer;
-
-struct BenchResult {
-  long long error;
-  unsigned long long ns;
-  unsigned long long bytes;
-  unsigned long long count;
-  int done;
-  char reply[60];
-};
-
-GS_HD void publish_done(BenchResult *r) {
-#if defined(__CUDA_ARCH__)
-  __threadfence_system();
-  *reinterpret_cast<volatile int *>(&r->done) = 1;
-  __threadfence_system();
-#else
-  __atomic_store_n(&r->done, 1, __ATOMIC_RELEASE);
-#endif
-}
-
-// What a kernel's leader thread tells the host (`done` last, for the host to
-// poll); the other threads of the block tell nothing.
-struct Report {
-  long long error;
-  unsigned long long ns = 0;
-  unsigned long long bytes = 0;
-  unsigned long long count = 0;
-};
-
-GS_HD void report(BenchResult *r, const Report &what) {
-  if (thread_rank() != 0) return;
-  r->error = what.error;
-  r->ns = what.ns;
-  r->bytes = what.bytes;
-  r->count = what.count;
-  publish_done(r);
-}
-
-GS_HD int connect_retry(const DeviceContext &ctx, int port) {
-  const sockaddr_in a = ipv4_address(127, 0, 0, 1, static_cast<uint16_t>(port));
-  int rc = -ECONNREFUSED;
-  for (int attempt = 0; attempt < 5000; ++attempt) {  // up to ~5 s for the peer to listen
-    const int s = gsocket(ctx, AF_INET, SOCK_STREAM);
-    if (s < 0) return s;
-    rc = gconnect(ctx, s, reinterpret_cast<const sockaddr *>(&a), sizeof a, 5000);
-    if (rc == 0) return s;
-    gclose(ctx, s);
-    pause_ns(500000);
-    pause_ns(500000);
-  }
-  return rc;
-}
-
-// The floor: thread 0 writes i into a host word the CPU polls, the CPU answers
-// in another host word the GPU polls.
-struct FloorKernel {
-  uint64_t *to_cpu;
-  uint64_t *to_gpu;
-  int iters;
-  BenchResult *out;
-  GS_HD void operator()() const {
-    if (thread_rank() != 0) return;
-    unsigned long long t0 = now_ns();
-    for (int i = 1; i <= iters + 100; ++i) {
-      if (i == 101) t0 = now_ns();
-      prim::store_release(to_cpu, static_cast<uint64_t>(i));
-      while (prim::load_acquire(to_gpu) != static_cast<uint64_t>(i)) {}
-    }
-    report(out, {.error = 0, .ns = now_ns() - t0});
-  }
-};
+using namespace gpusock::bench;
 
 // --micro: what one memory operation on host-mapped memory costs when 1 or
-// many blocks do it at once (leader thread only, `iters` times):
+// many blocks do it at once (`iters` times; the first warp, one lane where it
+// says nothing else; a read's address depends on the read before it):
 //   0 fence.acq_rel.sys   1 64-byte line write (4 x 16 B, no fence)
 //   2 line write + fence  3 8-byte read of the block's own line (relaxed, dependent)
 //   4 8-byte read of one line all blocks share   5 atomicAdd on a GPU-memory counter
 //   6 ping-pong with one CPU thread that serves every block's line (the floor, many blocks)
+//   7 a status poll as one thread makes it: 16 B x 3 of one line (two relaxed, one acquire)
+//   8 the same 48 B as one warp-wide load, a lane per 16 B (relaxed)   9 ... acquire
+//   10 status and an inline record (192 B, three lines) as one thread reads them
+//   11 the same 192 B as one warp-wide load (12 lanes)
+//   12 a 64-byte payload read: 4 lanes, __ldcv (as group_copy did until it
+//      loaded at system scope, mode 8's load)
+//   13 one 16-byte acquire load (one thread)   14 atomicAdd on GPU memory, dependent
+//   15 mode 7 with the counters relaxed   16 mode 7 with the acquire first
+//   17 mode 10 all relaxed
 struct MicroKernel {
   int mode;
   int iters;
-  uint64_t *lines;  // host-mapped: 2 x 64 B per block (request line, answer line)
+  uint64_t *lines;  // host-mapped: 256 B per block (request line, answer line, a record)
   unsigned long long *counter;
   BenchResult *out;  // per block
   GS_HD void operator()() const {
-    if (thread_rank() != 0) return;
-    uint64_t *mine = lines + size_t(block_index()) * 16;
+    if (prim::warp_index() != 0) return;
+    const unsigned lane = prim::lane();
+    if (mode < 7 && lane != 0) return;
+    uint64_t *mine = lines + size_t(block_index()) * 32;
     uint64_t sink = 0;
     const unsigned long long t0 = now_ns();
     for (int i = 1; i <= iters; ++i) {
@@ -157,6 +97,63 @@ struct MicroKernel {
         case 6:
           prim::store_release(mine, uint64_t(i));
           while (prim::load_acquire(mine + 8) != uint64_t(i)) {}
+          break;
+        case 7:
+        case 10:
+          if (lane == 0) {
+            const uint64_t *at = mine + 2 * (sink & 1);
+            uint64_t w[16], a = 0, b = 0;
+            uint32_t x[4], y[4];
+            if (mode == 10) prim::load_relaxed_x16(at + 8, w);
+            prim::load_relaxed_x4(reinterpret_cast<const uint32_t *>(at), x);
+            prim::load_relaxed_x4(reinterpret_cast<const uint32_t *>(at + 2), y);
+            prim::load_acquire_x2(at + 4, &a, &b);
+            sink += a + b + x[0] + y[0] + (mode == 10 ? w[0] + w[15] : 0);
+          }
+          break;
+        case 8:
+        case 9:
+        case 11:
+        case 12:
+          if (lane < (mode == 11 ? 12u : mode == 12 ? 4u : 3u)) {
+            const uint64_t *at = mine + 2 * lane + 2 * (sink & 1);
+            uint64_t a = 0, b = 0;
+#if defined(__CUDA_ARCH__)
+            if (mode == 12) {
+              const uint4 v = __ldcv(reinterpret_cast<const uint4 *>(mine + 2 * lane + 2 * (sink & 1)));
+              a = v.x;
+              b = v.w;
+            } else
+#endif
+            if (mode == 9) prim::load_acquire_x2(at, &a, &b);
+            else prim::load_relaxed_x2(at, &a, &b);
+            sink += a + b;
+          }
+          break;
+        case 13:
+          if (lane == 0) {
+            uint64_t a = 0, b = 0;
+            prim::load_acquire_x2(mine + 4 + 2 * (sink & 1), &a, &b);
+            sink += a + b;
+          }
+          break;
+        case 14:
+          if (lane == 0) sink += atomic_add_dev(counter + (sink & 1));
+          break;
+        case 15:
+        case 16:
+        case 17:
+          if (lane == 0) {
+            const uint64_t *at = mine + 2 * (sink & 1);
+            uint64_t w[16], a = 0, b = 0;
+            uint32_t x[4], y[4];
+            if (mode == 16) prim::load_acquire_x2(at + 4, &a, &b);
+            if (mode == 17) prim::load_relaxed_x16(at + 8, w);
+            prim::load_relaxed_x4(reinterpret_cast<const uint32_t *>(at), x);
+            prim::load_relaxed_x4(reinterpret_cast<const uint32_t *>(at + 2), y);
+            if (mode != 16) prim::load_relaxed_x2(at + 4, &a, &b);
+            sink += a + b + x[0] + y[0] + (mode == 17 ? w[0] + w[15] : 0);
+          }
           break;
       }
     }
@@ -228,45 +225,6 @@ struct PingPongKernel {
   }
 };
 
-struct ListenKernel {
-  DeviceContext ctx;
-  int port;
-  BenchResult *out;  // count = the listener's fd
-  GS_HD void operator()() const {
-    const int s = gsocket(ctx, AF_INET, SOCK_STREAM);
-    const sockaddr_in a = ipv4_address(127, 0, 0, 1, static_cast<uint16_t>(port));
-    int rc = s < 0 ? s : gbind(ctx, s, reinterpret_cast<const sockaddr *>(&a), sizeof a);
-    if (rc == 0) rc = glisten(ctx, s, 16);
-    report(out, {.error = rc, .count = static_cast<unsigned long long>(s)});
-  }
-};
-
-// P4: the GPU echo server: accept one connection, echo what arrives until EOF.
-struct EchoServerKernel {
-  DeviceContext ctx;
-  int listener;
-  uint8_t *buf;
-  uint32_t buf_size;
-  BenchResult *out;
-  GS_HD void operator()() const {
-    const int c = gaccept(ctx, listener, 0, 20000);
-    int rc = c < 0 ? c : 0;
-    unsigned long long bytes = 0;
-    while (rc == 0) {
-      const ssize_t n = grecv(ctx, c, buf, buf_size, 0, 20000);
-      if (n <= 0) {
-        rc = static_cast<int>(n);
-        break;
-      }
-      const ssize_t k = gsend(ctx, c, buf, static_cast<size_t>(n), 0, 20000);
-      if (k != n) rc = k < 0 ? static_cast<int>(k) : -EIO;
-      bytes += static_cast<unsigned long long>(n);
-    }
-    if (c >= 0) gclose(ctx, c);
-    report(out, {.error = rc, .bytes = bytes});
-  }
-};
-
 // P5: the GPU server: accept, grecv chunk bytes at a time into GPU memory until
 // EOF, answer with the 8-byte count, close.
 struct DrainServerKernel {
@@ -332,24 +290,6 @@ struct StreamKernel {
     report(out + block_index(), {.error = rc, .ns = ns, .bytes = sent});
   }
 };
-
-double read_number(const std::string &path) {
-  FILE *f = std::fopen(path.c_str(), "r");
-  if (!f) return -1;
-  double v = -1;
-  if (std::fscanf(f, "%lf", &v) != 1) v = -1;
-  std::fclose(f);
-  std::remove(path.c_str());
-  return v;
-}
-
-// Runs a CPU client peer to completion: its result number, or -1.
-double run_client(std::vector<std::string> args, const std::string &out, int ms) {
-  Peer client(std::move(args));
-  int code = -1;
-  if (!client.wait_exit(ms, &code) || code != 0) return -1;
-  return read_number(out);
-}
 
 }  // namespace
 
@@ -448,29 +388,32 @@ int main(int argc, char **argv) {
   const std::string tmp = "/tmp/gpu_bench." + std::to_string(getpid());
 
   if (micro) {
-    const char *names[] = {"fence",       "line_write", "line_write_fence", "read_own",
-                           "read_shared", "atomic_dev", "pingpong_cpu"};
+    const char *names[] = {"fence",         "line_write",         "line_write_fence", "read_own",
+                           "read_shared",   "atomic_dev",         "pingpong_cpu",     "status_1thread",
+                           "status_warp",   "status_warp_acq",    "record_1thread",   "record_warp",
+                           "payload_ldcv",  "acquire_16B",        "atomic_dev_dep",   "status_relaxed",
+                           "status_acq_first", "record_relaxed"};
     MemoryBlock lines{}, counter{}, outs{};
-    memory->allocate(MemoryKind::kHostMapped, size_t(p6_blocks) * 128, &lines);
+    memory->allocate(MemoryKind::kHostMapped, size_t(p6_blocks) * 256, &lines);
     memory->allocate(MemoryKind::kDevice, 64, &counter);
     memory->allocate(MemoryKind::kHostMapped, size_t(p6_blocks) * sizeof(BenchResult), &outs);
     auto *oh = static_cast<BenchResult *>(outs.host);
-    for (int mode = 0; mode < 7; ++mode) {
+    for (int mode = 0; mode < 18; ++mode) {
       for (int blocks : {1, p6_blocks}) {
         const int n = mode == 6 ? 2000 : 5000;
         std::atomic<bool> quit{false};
         std::thread server;
         if (mode == 6) {
           auto *base = static_cast<uint64_t *>(lines.host);
-          std::memset(base, 0, size_t(p6_blocks) * 128);
+          std::memset(base, 0, size_t(p6_blocks) * 256);
           server = std::thread([&, base, blocks] {
             std::vector<uint64_t> seen(blocks, 0);
             while (!quit.load(std::memory_order_relaxed))
               for (int b = 0; b < blocks; ++b) {
-                const uint64_t v = __atomic_load_n(base + size_t(b) * 16, __ATOMIC_ACQUIRE);
+                const uint64_t v = __atomic_load_n(base + size_t(b) * 32, __ATOMIC_ACQUIRE);
                 if (v != seen[b]) {
                   seen[b] = v;
-                  __atomic_store_n(base + size_t(b) * 16 + 8, v, __ATOMIC_RELEASE);
+                  __atomic_store_n(base + size_t(b) * 32 + 8, v, __ATOMIC_RELEASE);
                 }
               }
           });
@@ -501,29 +444,9 @@ int main(int argc, char **argv) {
 
   // ---- floor
   {
-    auto *to_cpu = static_cast<uint64_t *>(words.host);
-    auto *to_gpu = to_cpu + 8;  // another cache line
-    auto *to_cpu_dev = static_cast<uint64_t *>(words.device);
-    auto *to_gpu_dev = to_cpu_dev + 8;
-    const int n = iters;
-    std::atomic<bool> quit{false};
-    std::thread cpu([&] {
-      for (uint64_t i = 1; i <= uint64_t(n) + 100 && !quit.load(std::memory_order_relaxed);) {
-        if (__atomic_load_n(to_cpu, __ATOMIC_ACQUIRE) == i) {
-          __atomic_store_n(to_gpu, i, __ATOMIC_RELEASE);
-          ++i;
-        }
-      }
-    });
-    BenchResult *r = res_host + slot;
-    if (grid.start(backend, LaunchShape{1, 32, 0}, FloorKernel{to_cpu_dev, to_gpu_dev, n, res_dev + slot}) == 0 &&
-        grid.wait() == 0 && r->done) {
-      std::printf("RESULT floor_rtt %.2f us\n", double(r->ns) / 1000.0 / n);
-    } else {
-      fail("floor_rtt", -EIO);
-    }
-    quit = true;
-    cpu.join();
+    const double ns = floor_rtt_ns(grid, backend, words, iters, res_host + slot, res_dev + slot);
+    if (ns > 0) std::printf("RESULT floor_rtt %.2f us\n", ns / 1000.0);
+    else fail("floor_rtt", -EIO);
     ++slot;
   }
   std::fflush(stdout);
