@@ -9,9 +9,11 @@
 
 #include <gpusock/channel.h>
 #include <gpusock/gpu/primitives.cuh>
+#include <gpusock/gpu/trace.cuh>
 #include <gpusock/hd.h>
 
 #include <errno.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -79,6 +81,73 @@ GS_HD StatusView read_status(const DeviceContext &c, const SocketStatus *st, con
   return v;
 }
 
+// The view of a status line's first 48 bytes, as loaded words.
+GS_HD StatusView status_view(const uint64_t *words) {
+  static_assert(offsetof(SocketStatus, send_error) + 4 <= 48 && offsetof(SocketStatus, buffer) + 4 <= 48,
+                "what a poll reads: the line's first 48 bytes");
+  SocketStatus line;
+  memcpy(&line, words, 48);
+  StatusView v;
+  v.recv_write = line.recv_write;
+  v.send_done = line.send_done;
+  v.state = line.state;
+  v.accept_queued = line.accept_queued;
+  v.error = line.error;
+  v.send_error = line.send_error;
+  v.buffer = line.buffer;
+  return v;
+}
+
+// A poll by the leader's team (prim::Team): every lane of it calls, lane 0
+// gets the view of the status line and, with r, whether the InlineRecv may
+// hold the bytes at recv_read (*record: then it is in *iv) (the other lanes get
+// unspecified values). Lanes 0-2 load the line's 48 bytes, lanes 3-10 the
+// record, 16 bytes each with acquire, in one warp-wide load: one PCIe round
+// trip, where one thread's loads take nearly one apiece. The team's barrier
+// orders what they acquired before lane 0's later accesses (and, by the
+// scope's barrier after it, every thread's). The record's words reach lane 0
+// only when its first line says it starts at or before recv_read and reaches
+// past it and the published end: an idle poll moves 8 words, not 24. A team
+// too small for it (a block of fewer than 11 threads) and the host backend
+// read as one thread.
+GS_HD StatusView read_status_team(const DeviceContext &c, const SocketStatus *st, const InlineRecv *r,
+                                  uint64_t recv_read, InlineView *iv, bool *record) {
+  const prim::Team t = prim::team();
+  const unsigned need = r ? 3 + sizeof(InlineRecv) / 16 : 3;
+  if (t.lanes < need) {
+    StatusView v{};
+    if (prim::lane() == 0) v = r ? read_status(c, st, r, iv) : read_status(c, st);
+    *record = r != nullptr;
+    return v;
+  }
+  const unsigned lane = prim::lane();
+  const uint64_t *src = lane < 3      ? reinterpret_cast<const uint64_t *>(st) + 2 * lane
+                        : lane < need ? reinterpret_cast<const uint64_t *>(r) + 2 * (lane - 3)
+                                      : nullptr;
+  uint64_t a = 0, b = 0;
+  if (src) prim::load_acquire_x2(src, &a, &b);
+  prim::team_sync(t);
+  uint64_t w[6];
+  for (unsigned k = 0; k < 3; ++k) {
+    w[2 * k] = prim::team_shfl(t, a, k);
+    w[2 * k + 1] = prim::team_shfl(t, b, k);
+  }
+  const StatusView v = status_view(w);
+  *record = false;
+  if (r) {  // every lane decides alike: the same words, the same recv_read
+    iv->w[0] = prim::team_shfl(t, a, 3);
+    iv->w[1] = prim::team_shfl(t, b, 3);
+    if (iv->start() <= recv_read && iv->end() > recv_read && iv->end() >= v.recv_write) {
+      for (unsigned k = 1; k < sizeof(InlineRecv) / 16; ++k) {
+        iv->w[2 * k] = prim::team_shfl(t, a, 3 + k);
+        iv->w[2 * k + 1] = prim::team_shfl(t, b, 3 + k);
+      }
+      *record = true;
+    }
+  }
+  return v;
+}
+
 // Counters again, after a fence_acquire() that followed the read of the state.
 GS_HD void reread_counters(const SocketStatus *st, StatusView *v) {
   prim::load_relaxed_x2(&st->recv_write, &v->recv_write, &v->send_done);
@@ -139,6 +208,7 @@ GS_HD int push_request(const DeviceContext &c, const Request &r, bool release = 
       backoff.pause();
     }
   }
+  GPUSOCK_TRACE(trace::kRequestTicket);
   Request *e = ring.entries + (ticket & c.request_mask);
   Request w = r;
   w.seq = ticket + 1;
@@ -154,6 +224,7 @@ GS_HD int push_request(const DeviceContext &c, const Request &r, bool release = 
   // request itself needs none: the proxy takes it only once check matches.
   if (release) prim::fence_release();
   prim::store_line_relaxed(dst, src);
+  GPUSOCK_TRACE(trace::kRequestStored);
   return 0;
 }
 

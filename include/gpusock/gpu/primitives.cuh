@@ -55,6 +55,42 @@ GS_HD void sync_block() { host::t_thread.block->barrier.arrive_and_wait(); }
 GS_HD void sync_warp() { host::t_thread.block->warp_barriers[warp_index()].arrive_and_wait(); }
 #endif
 
+// ---- a poll team: the lanes of one warp that read the proxy's lines together
+//
+// One thread's loads of host memory take nearly a PCIe round trip each, even
+// in flight together (gpu_bench --micro: a status line as three 16-byte loads
+// of one thread 2.4 us, as one warp-wide load 1.45 us; with a 128-byte record
+// beside it 2.6 vs 1.46 us). So a wait for the proxy is polled by a warp, a
+// lane per 16 bytes, and lane 0 decides. On the host backend a team is its
+// leader alone.
+// Team: the calling warp's lanes (all of them but in a block's last, partial warp).
+// team_shfl: lane `src`'s v, in every lane of the team (lane 0 alone: v).
+// team_sync: the team's barrier, which also orders their memory accesses.
+struct Team {
+  unsigned lanes;  // 1 on the host backend
+  unsigned mask;
+};
+#if defined(__CUDA_ARCH__)
+GS_HD Team team() {
+  const unsigned left = block_dim() - warp_index() * 32;
+  const unsigned lanes = left < 32 ? left : 32;
+  return Team{lanes, lanes == 32 ? 0xffffffffu : (1u << lanes) - 1};
+}
+template <class T>  // an integer of 4 or 8 bytes
+GS_HD T team_shfl(const Team &t, T v, unsigned src) {
+  if constexpr (sizeof(T) == 8) return static_cast<T>(__shfl_sync(t.mask, static_cast<unsigned long long>(v), src));
+  else return static_cast<T>(__shfl_sync(t.mask, static_cast<unsigned>(v), src));
+}
+GS_HD void team_sync(const Team &t) { __syncwarp(t.mask); }
+#else
+GS_HD Team team() { return Team{1, 1}; }
+template <class T>
+GS_HD T team_shfl(const Team &, T v, unsigned) {
+  return v;
+}
+GS_HD void team_sync(const Team &) {}
+#endif
+
 // ---- loads of words the proxy writes, at system scope (never a stale cached copy)
 //
 // load_acquire: later loads see what was published before the value read.
@@ -122,6 +158,21 @@ GS_HD void load_relaxed_x16(const uint64_t *p, uint64_t *w) {
       : "=l"(w[0]), "=l"(w[1]), "=l"(w[2]), "=l"(w[3]), "=l"(w[4]), "=l"(w[5]), "=l"(w[6]), "=l"(w[7]), "=l"(w[8]),
         "=l"(w[9]), "=l"(w[10]), "=l"(w[11]), "=l"(w[12]), "=l"(w[13]), "=l"(w[14]), "=l"(w[15])
       : "l"(p));
+}
+// 16 bytes of a ring the transport writes: at system scope, never a stale
+// line from an earlier lap (and one PCIe round trip: __ldcv takes nearly two).
+GS_HD uint4 load_relaxed_v4(const void *p) {
+  uint4 v;
+  asm volatile("ld.relaxed.sys.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p)
+               : "memory");
+  return v;
+}
+GS_HD uint8_t load_relaxed_u8(const uint8_t *p) {
+  uint16_t v;
+  asm volatile("ld.relaxed.sys.u8 %0, [%1];" : "=h"(v) : "l"(p) : "memory");
+  return static_cast<uint8_t>(v);
 }
 GS_HD void load_relaxed_x4(const uint32_t *p, uint32_t *w) {
   asm volatile("ld.relaxed.sys.v4.u32 {%0,%1,%2,%3}, [%4];"

@@ -10,6 +10,7 @@
 #include <gpusock/gpu/channel_ops.cuh>
 #include <gpusock/gpu/primitives.cuh>
 #include <gpusock/gpu/scope.cuh>
+#include <gpusock/gpu/trace.cuh>
 #include <gpusock/hd.h>
 
 #include <errno.h>
@@ -32,10 +33,13 @@ struct Plan {
   int64_t n;        // bytes to move now (> 0), or the call's result (<= 0)
   uint64_t offset;  // ring offset
   uint64_t ring;    // ring base (a GPU pointer)
+  uint64_t pos;     // the absolute ring position the bytes start at: the leader's
+                    // bookkeeping after the copy needs no load of it (GPU memory,
+                    // a few hundred ns on the path of every message)
 };
 
 // A plan that moves nothing: the call's result.
-GS_HD Plan plan_result(int64_t result) { return Plan{result, 0, 0}; }
+GS_HD Plan plan_result(int64_t result) { return Plan{result, 0, 0, 0}; }
 
 // The plan for moving up to `want` bytes at absolute position `pos` of buffer
 // set `buffer`'s ring (ring_size bytes each, from `rings`) when `avail` bytes
@@ -47,7 +51,7 @@ GS_HD Plan ring_plan(const uint8_t *rings, uint32_t ring_size, uint32_t buffer, 
   if (n > ring_size - offset) n = ring_size - offset;
   if (n > want) n = want;
   return Plan{static_cast<int64_t>(n), offset,
-              reinterpret_cast<uint64_t>(rings + static_cast<size_t>(buffer) * ring_size)};
+              reinterpret_cast<uint64_t>(rings + static_cast<size_t>(buffer) * ring_size), pos};
 }
 
 // Leader: when the socket's InlineRecv, read with its status, holds all the
@@ -61,37 +65,78 @@ GS_HD uint64_t take_inline(const InlineView &iv, uint64_t recv_read, uint64_t re
   return n;
 }
 
-// Leader: how much may be read now, or the result if nothing can be. A small
-// message that came inline is copied to inline_dst at once: the plan then
-// says how many bytes, with no ring (ring == 0).
+// Leader: what one poll (v, and the inline record iv where used) means for a
+// recv: true with the plan when bytes can be read or the call is over, false
+// to wait. A small message that came inline is copied to inline_dst at once:
+// the plan then says how many bytes, with no ring (ring == 0).
+GS_HD bool recv_verdict(const DeviceContext &c, int s, StatusView v, const InlineView *iv, size_t want,
+                        uint8_t *inline_dst, Plan *p) {
+  DeviceSocket &d = c.sockets[s];
+  const SocketStatus *st = c.status + s;
+  if (iv) {
+    if (const uint64_t n = take_inline(*iv, d.recv_read, v.recv_write, want, inline_dst)) {
+      GPUSOCK_TRACE(trace::kRecvSeen);
+      *p = Plan{static_cast<int64_t>(n), 0, 0, d.recv_read};
+      return true;
+    }
+  }
+  const uint32_t state = v.state;
+  const bool terminal = (state & (kStError | kStFailed | kStRecvClosed | kStHangup)) != 0;
+  if (terminal && v.recv_write <= d.recv_read) {
+    prim::fence_acquire();    // the state and the counters came in no order: order the counters after it
+    reread_counters(st, &v);  // counters are published before the state bits
+  }
+  const uint64_t written = v.recv_write;
+  if (written > d.recv_read) {
+    GPUSOCK_TRACE(trace::kRecvSeen);
+    *p = ring_plan(c.rbufs, c.rbuf_size, d.buffer, d.recv_read, written - d.recv_read, want);
+    return true;
+  }
+  if (state & (kStError | kStFailed)) *p = plan_result(status_error(st, -ECONNRESET));
+  else if (state & (kStRecvClosed | kStHangup)) *p = plan_result(0);  // EOF
+  else if (!(state & kStConnected) && !(d.flags & kDevConnecting)) *p = plan_result(-ENOTCONN);
+  else {
+    GPUSOCK_TRACE(trace::kRecvPolled);  // after branches on what the read returned: it has come back
+    return false;
+  }
+  return true;
+}
+
+// The leader's poll team (S::in_poll_team): how much may be read now, or the
+// result if nothing can be. Every lane of the team calls; the team polls,
+// lane 0 (the leader) decides, and its plan is the one that counts.
 GS_HD Plan recv_plan(const DeviceContext &c, int s, size_t want, bool dontwait, uint64_t deadline,
                      uint8_t *inline_dst) {
-  if (const int rc = open_socket(c, s); rc < 0) return plan_result(rc);
-  DeviceSocket &d = c.sockets[s];
-  if (d.flags & kDevShutRd) return plan_result(0);  // EOF after our own SHUT_RD
+  const prim::Team t = prim::team();
+  const bool lead = prim::lane() == 0;
+  Plan p{};
+  int done = 0;
+  if (lead) {
+    done = 1;
+    if (const int rc = open_socket(c, s); rc < 0) p = plan_result(rc);
+    else if (c.sockets[s].flags & kDevShutRd) p = plan_result(0);  // EOF after our own SHUT_RD
+    else done = 0;
+  }
+  if (prim::team_shfl(t, done, 0)) return p;
   const SocketStatus *st = c.status + s;
+  const InlineRecv *record = (c.flags & kCtxInlineRecv) ? c.inline_recv + s : nullptr;
+  const uint64_t recv_read = c.sockets[s].recv_read;  // every lane: only this call moves it
   prim::Backoff backoff;
   InlineView iv;
   for (;;) {
-    const bool use_inline = (c.flags & kCtxInlineRecv) != 0;
-    StatusView v = use_inline ? read_status(c, st, c.inline_recv + s, &iv) : read_status(c, st);
-    if (use_inline) {
-      if (const uint64_t n = take_inline(iv, d.recv_read, v.recv_write, want, inline_dst))
-        return Plan{static_cast<int64_t>(n), 0, 0};
+    GPUSOCK_TRACE(trace::kRecvPollIssued);
+    bool has_record = false;
+    const StatusView v = read_status_team(c, st, record, recv_read, &iv, &has_record);
+    if (lead) {
+      done = recv_verdict(c, s, v, has_record ? &iv : nullptr, want, inline_dst, &p);
+      if (!done) {
+        if (const int rc = wait_more(c, backoff, dontwait, deadline); rc < 0) {
+          p = plan_result(rc);
+          done = 1;
+        }
+      }
     }
-    const uint32_t state = v.state;
-    const bool terminal = (state & (kStError | kStFailed | kStRecvClosed | kStHangup)) != 0;
-    if (terminal && v.recv_write <= d.recv_read) {
-      prim::fence_acquire();    // the state was read relaxed: order the counters after it
-      reread_counters(st, &v);  // counters are published before the state bits
-    }
-    const uint64_t written = v.recv_write;
-    if (written > d.recv_read)
-      return ring_plan(c.rbufs, c.rbuf_size, d.buffer, d.recv_read, written - d.recv_read, want);
-    if (state & (kStError | kStFailed)) return plan_result(status_error(st, -ECONNRESET));
-    if (state & (kStRecvClosed | kStHangup)) return plan_result(0);  // EOF
-    if (!(state & kStConnected) && !(d.flags & kDevConnecting)) return plan_result(-ENOTCONN);
-    if (const int rc = wait_more(c, backoff, dontwait, deadline); rc < 0) return plan_result(rc);
+    if (prim::team_shfl(t, done, 0)) return p;
   }
 }
 
@@ -103,7 +148,7 @@ GS_HD ssize_t recv(const DeviceContext &c, int s, void *buf, size_t len, int fla
   size_t done = 0;
   while (done < len) {
     Plan p{};
-    if (S::leader()) p = recv_plan(c, s, len - done, dontwait, deadline, static_cast<uint8_t *>(buf) + done);
+    if (S::in_poll_team()) p = recv_plan(c, s, len - done, dontwait, deadline, static_cast<uint8_t *>(buf) + done);
     p = S::broadcast(p);
     if (p.n <= 0) return done > 0 ? static_cast<ssize_t>(done) : static_cast<ssize_t>(p.n);
     const uint8_t *ring = reinterpret_cast<const uint8_t *>(p.ring);
@@ -111,9 +156,10 @@ GS_HD ssize_t recv(const DeviceContext &c, int s, void *buf, size_t len, int fla
       group_copy<S>(static_cast<uint8_t *>(buf) + done, ring + p.offset, static_cast<size_t>(p.n), true);
     S::sync();  // every thread is done reading before the space is handed back
     if (S::leader()) {
+      GPUSOCK_TRACE(trace::kRecvCopied);
       DeviceSocket &d = c.sockets[s];
-      const uint64_t before = d.recv_read;
-      d.recv_read += static_cast<uint64_t>(p.n);
+      const uint64_t before = p.pos;
+      d.recv_read = p.pos + static_cast<uint64_t>(p.n);
       // The core advertises the ring in halves: consumption matters to the
       // proxy only when it completes a half, so only then is it worth a doorbell.
       const uint64_t half = c.rbuf_size / 2;
@@ -136,38 +182,89 @@ GS_HD bool send_room(const DeviceContext &c, int s, const DeviceSocket &d, uint6
   return true;
 }
 
-// Leader: where the next bytes may go into the send ring, or the result.
-GS_HD Plan send_plan(const DeviceContext &c, int s, size_t want, bool dontwait, uint64_t deadline) {
-  if (const int rc = open_socket(c, s); rc < 0) return plan_result(rc);
+// Leader: what one poll of the status line means for a send: true with the
+// plan when bytes can go into the send ring or the call is over, false to wait.
+GS_HD bool send_verdict(const DeviceContext &c, int s, const StatusView &v, size_t want, bool dontwait, Plan *p) {
   DeviceSocket &d = c.sockets[s];
-  if (d.flags & kDevShutWr) return plan_result(-EPIPE);
-  // Fast path: room known from an earlier look at send_done (which only grows)
-  // needs no PCIe round trip. Errors then show once the ring fills, as with a
-  // TCP send buffer.
+  const uint32_t state = v.state;
+  if (v.send_error < 0) {
+    *p = plan_result(v.send_error);
+    return true;
+  }
+  if (state & (kStError | kStFailed)) {
+    prim::fence_acquire();
+    *p = plan_result(status_error(c.status + s, -ECONNRESET));
+    return true;
+  }
+  if (state & kStConnected) {
+    if (send_room(c, s, d, v.send_done, want, dontwait, p)) {
+      // send_done was an acquire: the transport is done with that space.
+      d.send_done_seen = v.send_done;
+      d.flags |= kDevConnectedSeen;
+      return true;
+    }
+  } else if (!(d.flags & kDevConnecting)) {
+    *p = plan_result(-ENOTCONN);
+    return true;
+  }
+  return false;
+}
+
+// The leader's poll team (S::in_poll_team): where the next bytes may go into
+// the send ring, or the result; lane 0's plan counts (as recv_plan).
+GS_HD Plan send_plan(const DeviceContext &c, int s, size_t want, bool dontwait, uint64_t deadline) {
+  const prim::Team t = prim::team();
+  const bool lead = prim::lane() == 0;
   Plan p{};
-  if ((d.flags & kDevConnectedSeen) && send_room(c, s, d, d.send_done_seen, want, dontwait, &p)) return p;
+  int done = 0;
+  if (lead) {
+    done = 1;
+    if (const int rc = open_socket(c, s); rc < 0) {
+      p = plan_result(rc);
+    } else {
+      const DeviceSocket &d = c.sockets[s];
+      // Fast path: room known from an earlier look at send_done (which only
+      // grows) needs no PCIe round trip. Errors then show once the ring
+      // fills, as with a TCP send buffer.
+      if (d.flags & kDevShutWr) p = plan_result(-EPIPE);
+      else if (!(d.flags & kDevConnectedSeen) || !send_room(c, s, d, d.send_done_seen, want, dontwait, &p)) done = 0;
+    }
+  }
+  if (prim::team_shfl(t, done, 0)) return p;
   const SocketStatus *st = c.status + s;
   prim::Backoff backoff;
   for (;;) {
-    const StatusView v = read_status(c, st);
-    const uint32_t state = v.state;
-    if (v.send_error < 0) return plan_result(v.send_error);
-    if (state & (kStError | kStFailed)) {
-      prim::fence_acquire();
-      return plan_result(status_error(st, -ECONNRESET));
-    }
-    if (state & kStConnected) {
-      if (send_room(c, s, d, v.send_done, want, dontwait, &p)) {
-        // send_done was an acquire: the transport is done with that space.
-        d.send_done_seen = v.send_done;
-        d.flags |= kDevConnectedSeen;
-        return p;
+    bool unused = false;
+    const StatusView v = read_status_team(c, st, nullptr, 0, nullptr, &unused);
+    if (lead) {
+      done = send_verdict(c, s, v, want, dontwait, &p);
+      if (!done) {
+        if (const int rc = wait_more(c, backoff, dontwait, deadline); rc < 0) {
+          p = plan_result(rc);
+          done = 1;
+        }
       }
-    } else if (!(d.flags & kDevConnecting)) {
-      return plan_result(-ENOTCONN);
     }
-    if (const int rc = wait_more(c, backoff, dontwait, deadline); rc < 0) return plan_result(rc);
+    if (prim::team_shfl(t, done, 0)) return p;
   }
+}
+
+// Leader: an inline message's bytes into its request, 16 at a time where the
+// source allows (64 byte loads of GPU memory cost ~0.6 us of every small send).
+GS_HD void copy_payload(uint8_t *dst, const uint8_t *src, size_t len) {
+#if defined(__CUDA_ARCH__)
+  size_t i = 0;
+  if ((reinterpret_cast<uintptr_t>(src) & 15) == 0 && (reinterpret_cast<uintptr_t>(dst) & 15) == 0) {
+    uint4 words[kInlineSendBytes / 16];
+    const size_t whole = len / 16;
+    for (size_t k = 0; k < whole; ++k) words[k] = reinterpret_cast<const uint4 *>(src)[k];  // all in flight
+    for (size_t k = 0; k < whole; ++k) reinterpret_cast<uint4 *>(dst)[k] = words[k];
+    i = whole * 16;
+  }
+  for (; i < len; ++i) dst[i] = src[i];
+#else
+  memcpy(dst, src, len);
+#endif
 }
 
 // A large send goes in pieces of a quarter ring, each announced by its own
@@ -184,7 +281,10 @@ GS_HD ssize_t send(const DeviceContext &c, int s, const void *buf, size_t len, i
   size_t done = 0;
   do {
     Plan p{};
-    if (S::leader()) p = send_plan(c, s, send_piece(c, len - done), dontwait, deadline);
+    if (S::in_poll_team()) {
+      p = send_plan(c, s, send_piece(c, len - done), dontwait, deadline);
+      GPUSOCK_TRACE(trace::kSendPlanned);
+    }
     p = S::broadcast(p);
     if (p.n < 0 || (p.n == 0 && len > 0)) return done > 0 ? static_cast<ssize_t>(done) : static_cast<ssize_t>(p.n);
     if (len == 0) return 0;
@@ -194,11 +294,11 @@ GS_HD ssize_t send(const DeviceContext &c, int s, const void *buf, size_t len, i
       // release fence. The plan's broadcast was the barrier after which the
       // leader may read every thread's bytes.
       if (S::leader()) {
-        DeviceSocket &d = c.sockets[s];
-        d.send_tail += len;
         Request r = make_request(c, s, kOpDataInline);
+        r.send_tail = p.pos + len;
+        c.sockets[s].send_tail = r.send_tail;
         r.arg0 = static_cast<int32_t>(len);
-        memcpy(r.payload, buf, len);
+        copy_payload(r.payload, static_cast<const uint8_t *>(buf), len);
         push_request(c, r);
       }
       return static_cast<ssize_t>(len);
@@ -210,8 +310,10 @@ GS_HD ssize_t send(const DeviceContext &c, int s, const void *buf, size_t len, i
     // the proxy that acquires seq sees them all.
     S::sync();
     if (S::leader()) {
-      c.sockets[s].send_tail += static_cast<uint64_t>(p.n);
-      push_request(c, make_request(c, s, kOpData), /*release=*/true);
+      Request r = make_request(c, s, kOpData);
+      r.send_tail = p.pos + static_cast<uint64_t>(p.n);
+      c.sockets[s].send_tail = r.send_tail;
+      push_request(c, r, /*release=*/true);
     }
     done += static_cast<size_t>(p.n);
   } while (done < len);  // MSG_DONTWAIT: the plan says -EAGAIN once the ring is full
