@@ -80,10 +80,13 @@ struct ProxyOptions {
   uint32_t threads = 0;
   bool quiet = false;               // do not print the memory placement line at start
   // Which small messages skip the rings (channel::ContextFlags; GPUSOCK_GPU_INLINE
-  // gives the bits: 0 none, 1 received, 2 sent, 3 both). Sent only by default:
-  // on the H100 a received message beside the status line made the GPU's
-  // polls slower than the second read it saves (docs/gpu.md).
-  uint32_t inline_messages = channel::kCtxInlineSend;
+  // gives the bits: 0 none, 1 received, 2 sent, 3 both). Received only by
+  // default: since a warp polls the status line and the record in one load,
+  // a received message beside the status saves the payload's PCIe read; a
+  // sent one in its request costs the GPU more than the ring's copy and
+  // fence (P4 by mode on an H200, docs/gpu.md: 8.58 / 8.64 / 8.74 / 9.65 us
+  // received / none / both / sent).
+  uint32_t inline_messages = channel::kCtxInlineRecv;
 };
 
 struct ProxyStats {
