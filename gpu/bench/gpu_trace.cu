@@ -8,8 +8,11 @@
 //   poll       one read of the status line (PCIe round trip)
 //   copy       bytes seen -> copied by the block (the payload's read, or none
 //              when it came inline with the status)
-//   to_plan    copied -> the send's plan (recv's bookkeeping, send's start)
-//   ticket     plan -> ticket taken (GPU-memory atomic, room on the ring)
+//   to_plan    copied -> the send's plan, in three: recv's bookkeeping (rdone),
+//              between the calls (gap), send's start to its plan (plan)
+//   ticket     plan -> ticket taken, in two: the request made (make, incl. the
+//              ring copy and barrier of a send through the ring) and the ticket
+//              itself (tick: GPU-memory atomic, room on the ring)
 //   store      ticket -> the request's line issued
 //   gpu        bytes seen -> request issued: the GPU's work per message
 //   away       request issued -> next bytes seen: the request's trip, the
@@ -122,9 +125,9 @@ void analyze(const char *name, const std::vector<Mark> &m, double rtt_ns, double
   }
   const double ns_per_clk = double(m.back().gt - m.front().gt) / double(m.back().clk - m.front().clk);
   auto ns = [&](const Mark &a, const Mark &b) { return double(b.clk - a.clk) * ns_per_clk; };
-  std::vector<double> polls, poll, copy, to_plan, ticket, store, gpu, away;
+  std::vector<double> polls, poll, copy, to_plan, ticket, store, gpu, away, rdone, gap, plan, make, tick;
   const Mark *issued = nullptr, *seen = nullptr, *copied = nullptr, *planned = nullptr, *ticketed = nullptr,
-             *stored = nullptr;
+             *stored = nullptr, *recv_done = nullptr, *called = nullptr, *begun = nullptr;
   int empty = 0;
   uint64_t min_gt_step = ~0ull;
   for (size_t i = 0; i < m.size(); ++i) {
@@ -147,13 +150,29 @@ void analyze(const char *name, const std::vector<Mark> &m, double rtt_ns, double
       case trace::kRecvCopied:
         if (seen) copy.push_back(ns(*seen, k));
         copied = &k;
+        recv_done = called = nullptr;
+        break;
+      case trace::kRecvDone:
+        if (copied) rdone.push_back(ns(*copied, k));
+        recv_done = &k;
+        break;
+      case trace::kSendCalled:
+        if (recv_done) gap.push_back(ns(*recv_done, k));
+        called = &k;
         break;
       case trace::kSendPlanned:
         if (copied) to_plan.push_back(ns(*copied, k));
+        if (called) plan.push_back(ns(*called, k));
         planned = &k;
+        begun = nullptr;
+        break;
+      case trace::kRequestBegin:
+        if (planned) make.push_back(ns(*planned, k));
+        begun = &k;
         break;
       case trace::kRequestTicket:
         if (planned) ticket.push_back(ns(*planned, k));
+        if (begun) tick.push_back(ns(*begun, k));
         ticketed = &k;
         break;
       case trace::kRequestStored:
@@ -163,11 +182,12 @@ void analyze(const char *name, const std::vector<Mark> &m, double rtt_ns, double
         break;
     }
   }
-  std::printf("TRACE %-24s rtt %6.0f ns  turnaround %6.0f  polls %.0f  poll %4.0f  copy %4.0f  to_plan %4.0f  "
-              "ticket %4.0f  store %4.0f  gpu %5.0f  away %5.0f  (%zu marks, %.3f ns/clk, globaltimer step >= %llu ns)\n",
-              name, rtt_ns, turnaround_ns, median(polls), median(poll), median(copy), median(to_plan), median(ticket),
-              median(store), median(gpu), median(away), m.size(), ns_per_clk,
-              static_cast<unsigned long long>(min_gt_step));
+  std::printf("TRACE %-24s rtt %6.0f ns  turnaround %6.0f  polls %.0f  poll %4.0f  copy %4.0f  to_plan %4.0f "
+              "(rdone %4.0f gap %4.0f plan %4.0f)  ticket %4.0f (make %4.0f tick %4.0f)  store %4.0f  gpu %5.0f  "
+              "away %5.0f  (%zu marks, %.3f ns/clk, globaltimer step >= %llu ns)\n",
+              name, rtt_ns, turnaround_ns, median(polls), median(poll), median(copy), median(to_plan), median(rdone),
+              median(gap), median(plan), median(ticket), median(make), median(tick), median(store), median(gpu),
+              median(away), m.size(), ns_per_clk, static_cast<unsigned long long>(min_gt_step));
 }
 
 }  // namespace
@@ -267,7 +287,7 @@ int main(int argc, char **argv) {
       for (unsigned i = 0; i < n; ++i)
         m.push_back({int(raw[2 * i] >> 56), raw[2 * i] & ((1ull << 56) - 1), raw[2 * i + 1]});
       // The last rounds only: the first ones include the accept and the warm-up.
-      if (m.size() > 8 * size_t(iters)) m.erase(m.begin(), m.end() - 8 * size_t(iters));
+      if (m.size() > 12 * size_t(iters)) m.erase(m.begin(), m.end() - 12 * size_t(iters));
       const std::string name = std::string(mode.name) + "/" + std::to_string(threads) + "t";
       analyze(name.c_str(), m, rtt, turnaround);
       if (res_host[slot].error != 0 || rtt < 0) status = 1;

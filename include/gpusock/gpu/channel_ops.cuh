@@ -81,20 +81,23 @@ GS_HD StatusView read_status(const DeviceContext &c, const SocketStatus *st, con
   return v;
 }
 
-// The view of a status line's first 48 bytes, as loaded words.
-GS_HD StatusView status_view(const uint64_t *words) {
-  static_assert(offsetof(SocketStatus, send_error) + 4 <= 48 && offsetof(SocketStatus, buffer) + 4 <= 48,
-                "what a poll reads: the line's first 48 bytes");
-  SocketStatus line;
-  memcpy(&line, words, 48);
+// The view of a status line's first 48 bytes, as loaded words (decoded in
+// registers: a copy into a SocketStatus would go through local memory).
+GS_HD StatusView status_view(const uint64_t *w) {
+  static_assert(offsetof(SocketStatus, recv_write) == 0 && offsetof(SocketStatus, send_done) == 8 &&
+                    offsetof(SocketStatus, state) == 16 && offsetof(SocketStatus, buffer) == 32 &&
+                    offsetof(SocketStatus, accept_queued) == 36 && offsetof(SocketStatus, error) == 40 &&
+                    offsetof(SocketStatus, send_error) == 44,
+                "what a poll reads: the line's first 48 bytes, in this order");
+  static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "words split low half first");
   StatusView v;
-  v.recv_write = line.recv_write;
-  v.send_done = line.send_done;
-  v.state = line.state;
-  v.accept_queued = line.accept_queued;
-  v.error = line.error;
-  v.send_error = line.send_error;
-  v.buffer = line.buffer;
+  v.recv_write = w[0];
+  v.send_done = w[1];
+  v.state = static_cast<uint32_t>(w[2]);
+  v.buffer = static_cast<uint32_t>(w[4]);
+  v.accept_queued = static_cast<uint32_t>(w[4] >> 32);
+  v.error = static_cast<int32_t>(static_cast<uint32_t>(w[5]));
+  v.send_error = static_cast<int32_t>(static_cast<uint32_t>(w[5] >> 32));
   return v;
 }
 
@@ -192,6 +195,7 @@ GS_HD RingView ring_for(const DeviceContext &c, uint32_t slot) {
 // Leader only. Takes a ticket, waits for room on the ring (back-pressure: the
 // proxy has not consumed `entries` requests ago), writes the entry, publishes seq.
 GS_HD int push_request(const DeviceContext &c, const Request &r, bool release = false) {
+  GPUSOCK_TRACE(trace::kRequestBegin);
   const RingView ring = ring_for(c, r.slot);
   const unsigned long long ticket = prim::atomic_add(ring.ticket, 1ull);
   // Room on the ring: first against the highest `consumed` any producer saw
@@ -210,20 +214,23 @@ GS_HD int push_request(const DeviceContext &c, const Request &r, bool release = 
   }
   GPUSOCK_TRACE(trace::kRequestTicket);
   Request *e = ring.entries + (ticket & c.request_mask);
-  Request w = r;
-  w.seq = ticket + 1;
-  const int line1 = request_line1_words(w);
-  w.check = request_check(reinterpret_cast<const uint64_t *>(&w), line1);
-  const uint64_t *src = reinterpret_cast<const uint64_t *>(&w);
+  // The entry as words, indexed by constants only: a GPU builds it in
+  // registers (a copy of the Request would go through local memory).
+  static_assert(offsetof(Request, seq) == 0 && offsetof(Request, check) == 56, "seq first, check last of line 0");
+  uint64_t w[16];
+  memcpy(w, &r, sizeof w);
+  w[0] = ticket + 1;
+  const int line1 = request_line1_words(r);
+  w[7] = request_check(w, line1);
   uint64_t *dst = reinterpret_cast<uint64_t *>(e);
   // The second line when used (an address, an inline payload: covered by
   // check too), whole: four 16-byte stores the GPU sends as one write.
-  if (line1 > 0) prim::store_line_relaxed(dst + 8, src + 8);
+  if (line1 > 0) prim::store_line_relaxed(dst + 8, w + 8);
   // Release (a fence, ~0.7 µs on an H100): only when this block wrote ring
   // bytes the proxy will send (ordered before us by the block's barrier). The
   // request itself needs none: the proxy takes it only once check matches.
   if (release) prim::fence_release();
-  prim::store_line_relaxed(dst, src);
+  prim::store_line_relaxed(dst, w);
   GPUSOCK_TRACE(trace::kRequestStored);
   return 0;
 }

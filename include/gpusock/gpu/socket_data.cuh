@@ -41,12 +41,22 @@ struct Plan {
 // A plan that moves nothing: the call's result.
 GS_HD Plan plan_result(int64_t result) { return Plan{result, 0, 0, 0}; }
 
+// pos % size and whether [before, after) crosses a multiple of size, for ring
+// positions: by masks when size is a power of two (the default rings), since a
+// 64-bit division is a software routine on a GPU (~100 instructions).
+GS_HD uint64_t ring_offset(uint64_t pos, uint64_t size) {
+  return (size & (size - 1)) == 0 ? pos & (size - 1) : pos % size;
+}
+GS_HD bool crosses(uint64_t before, uint64_t after, uint64_t size) {
+  return (size & (size - 1)) == 0 ? (before ^ after) >= size : before / size != after / size;
+}
+
 // The plan for moving up to `want` bytes at absolute position `pos` of buffer
 // set `buffer`'s ring (ring_size bytes each, from `rings`) when `avail` bytes
 // there may be moved: never past the ring's end.
 GS_HD Plan ring_plan(const uint8_t *rings, uint32_t ring_size, uint32_t buffer, uint64_t pos, uint64_t avail,
                      size_t want) {
-  const uint64_t offset = pos % ring_size;
+  const uint64_t offset = ring_offset(pos, ring_size);
   uint64_t n = avail;
   if (n > ring_size - offset) n = ring_size - offset;
   if (n > want) n = want;
@@ -163,7 +173,8 @@ GS_HD ssize_t recv(const DeviceContext &c, int s, void *buf, size_t len, int fla
       // The core advertises the ring in halves: consumption matters to the
       // proxy only when it completes a half, so only then is it worth a doorbell.
       const uint64_t half = c.rbuf_size / 2;
-      if (before / half != d.recv_read / half) push_request(c, make_request(c, s, kOpData));
+      if (crosses(before, d.recv_read, half)) push_request(c, make_request(c, s, kOpData));
+      GPUSOCK_TRACE(trace::kRecvDone);
     }
     done += static_cast<size_t>(p.n);
     if (!waitall) break;
@@ -276,6 +287,7 @@ GS_HD size_t send_piece(const DeviceContext &c, size_t left) {
 
 template <class S>
 GS_HD ssize_t send(const DeviceContext &c, int s, const void *buf, size_t len, int flags, int timeout_ms) {
+  GPUSOCK_TRACE(trace::kSendCalled);
   const uint64_t deadline = S::leader() ? deadline_after(timeout_ms) : 0;  // only the leader waits
   const bool dontwait = must_not_wait(c, s, flags);
   size_t done = 0;

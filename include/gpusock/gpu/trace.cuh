@@ -16,7 +16,10 @@ enum Point : int {
   kRecvPolled,          // recv: ... and came back with nothing to read
   kRecvSeen,            // recv: ... and came back with bytes to read
   kRecvCopied,          // recv: every thread of the scope has copied them
+  kRecvDone,            // recv: the leader's bookkeeping done, the call returns
+  kSendCalled,          // send: the leader has entered the call
   kSendPlanned,         // send: the leader knows where the bytes go
+  kRequestBegin,        // push_request: entered with the request made
   kRequestTicket,       // push_request: ticket taken, room on the ring known
   kRequestStored,       // push_request: the entry's first line issued (stores
                         // do not wait: it reaches the host later)
