@@ -52,21 +52,24 @@ using namespace gpusock::bench;
 //   10 status and an inline record (192 B, three lines) as one thread reads them
 //   11 the same 192 B as one warp-wide load (12 lanes)
 //   12 a 64-byte payload read: 4 lanes, __ldcv (as group_copy did until it
-//      loaded at system scope, mode 8's load)
+//      loaded with .cg, mode 23's load)
 //   13 one 16-byte acquire load (one thread)   14 atomicAdd on GPU memory, dependent
 //   15 mode 7 with the counters relaxed   16 mode 7 with the acquire first
 //   17 mode 10 all relaxed
+//   18 / 19 / 20 a warp's group copy from host memory: 16 B per lane, 1 / 4 / 8 loads
+//      per lane 512 B apart, all in flight (bytes per op: 512 / 2048 / 4096)
+//   21-25 mode 19 with ld.relaxed.gpu, ld.volatile, __ldcg, __ldcs, a plain (weak) load
 struct MicroKernel {
   int mode;
   int iters;
-  uint64_t *lines;  // host-mapped: 256 B per block (request line, answer line, a record)
+  uint64_t *lines;  // host-mapped: 4 KiB per block (request line, answer line, a record, copies)
   unsigned long long *counter;
   BenchResult *out;  // per block
   GS_HD void operator()() const {
     if (prim::warp_index() != 0) return;
     const unsigned lane = prim::lane();
     if (mode < 7 && lane != 0) return;
-    uint64_t *mine = lines + size_t(block_index()) * 32;
+    uint64_t *mine = lines + size_t(block_index()) * 512;
     uint64_t sink = 0;
     const unsigned long long t0 = now_ns();
     for (int i = 1; i <= iters; ++i) {
@@ -140,6 +143,42 @@ struct MicroKernel {
         case 14:
           if (lane == 0) sink += atomic_add_dev(counter + (sink & 1));
           break;
+        case 18:
+        case 19:
+        case 20: {  // lanes load 16 B each, 1 / 4 / 8 loads per lane 512 B apart (a group copy's shape)
+          const unsigned per = mode == 18 ? 1u : mode == 19 ? 4u : 8u;
+          const uint64_t *at = mine + 2 * lane + 2 * (sink & 1);
+          uint64_t a[8], b[8];
+          for (unsigned j = 0; j < per; ++j) prim::load_relaxed_x2(at + 64 * j, &a[j], &b[j]);
+          for (unsigned j = 0; j < per; ++j) sink += a[j] + b[j];
+          break;
+        }
+        case 21:
+        case 22:
+        case 23:
+        case 24:
+        case 25: {  // mode 19's shape (4 loads per lane, 2 KiB) with other kinds of load
+          const uint64_t *at = mine + 2 * lane + 2 * (sink & 1);
+          uint64_t a[4] = {}, b[4] = {};
+#if defined(__CUDA_ARCH__)
+          for (unsigned j = 0; j < 4; ++j) {
+            const uint64_t *q = at + 64 * j;
+            if (mode == 21) {
+              asm volatile("ld.relaxed.gpu.v2.u64 {%0,%1}, [%2];" : "=l"(a[j]), "=l"(b[j]) : "l"(q) : "memory");
+            } else if (mode == 22) {
+              asm volatile("ld.volatile.global.v2.u64 {%0,%1}, [%2];" : "=l"(a[j]), "=l"(b[j]) : "l"(q) : "memory");
+            } else {
+              const ulonglong2 v = mode == 23   ? __ldcg(reinterpret_cast<const ulonglong2 *>(q))
+                                   : mode == 24 ? __ldcs(reinterpret_cast<const ulonglong2 *>(q))
+                                                : *reinterpret_cast<const ulonglong2 *>(q);
+              a[j] = v.x;
+              b[j] = v.y;
+            }
+          }
+#endif
+          for (unsigned j = 0; j < 4; ++j) sink += a[j] + b[j];
+          break;
+        }
         case 15:
         case 16:
         case 17:
@@ -392,28 +431,30 @@ int main(int argc, char **argv) {
                            "read_shared",   "atomic_dev",         "pingpong_cpu",     "status_1thread",
                            "status_warp",   "status_warp_acq",    "record_1thread",   "record_warp",
                            "payload_ldcv",  "acquire_16B",        "atomic_dev_dep",   "status_relaxed",
-                           "status_acq_first", "record_relaxed"};
+                           "status_acq_first", "record_relaxed", "copy_512B",     "copy_2KiB",
+                           "copy_4KiB",        "copy_2KiB_gpu",    "copy_2KiB_volatile", "copy_2KiB_cg",
+                           "copy_2KiB_cs",     "copy_2KiB_weak"};
     MemoryBlock lines{}, counter{}, outs{};
-    memory->allocate(MemoryKind::kHostMapped, size_t(p6_blocks) * 256, &lines);
+    memory->allocate(MemoryKind::kHostMapped, size_t(p6_blocks) * 4096 + 4096, &lines);
     memory->allocate(MemoryKind::kDevice, 64, &counter);
     memory->allocate(MemoryKind::kHostMapped, size_t(p6_blocks) * sizeof(BenchResult), &outs);
     auto *oh = static_cast<BenchResult *>(outs.host);
-    for (int mode = 0; mode < 18; ++mode) {
+    for (int mode = 0; mode < 26; ++mode) {
       for (int blocks : {1, p6_blocks}) {
         const int n = mode == 6 ? 2000 : 5000;
         std::atomic<bool> quit{false};
         std::thread server;
         if (mode == 6) {
           auto *base = static_cast<uint64_t *>(lines.host);
-          std::memset(base, 0, size_t(p6_blocks) * 256);
+          std::memset(base, 0, size_t(p6_blocks) * 4096);
           server = std::thread([&, base, blocks] {
             std::vector<uint64_t> seen(blocks, 0);
             while (!quit.load(std::memory_order_relaxed))
               for (int b = 0; b < blocks; ++b) {
-                const uint64_t v = __atomic_load_n(base + size_t(b) * 32, __ATOMIC_ACQUIRE);
+                const uint64_t v = __atomic_load_n(base + size_t(b) * 512, __ATOMIC_ACQUIRE);
                 if (v != seen[b]) {
                   seen[b] = v;
-                  __atomic_store_n(base + size_t(b) * 32 + 8, v, __ATOMIC_RELEASE);
+                  __atomic_store_n(base + size_t(b) * 512 + 8, v, __ATOMIC_RELEASE);
                 }
               }
           });

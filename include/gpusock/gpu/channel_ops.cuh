@@ -120,6 +120,7 @@ GS_HD StatusView read_status_team(const DeviceContext &c, const SocketStatus *st
   if (t.lanes < need) {
     StatusView v{};
     if (prim::lane() == 0) v = r ? read_status(c, st, r, iv) : read_status(c, st);
+    prim::team_sync(t);  // orders lane 0's acquire before the team's ring loads
     *record = r != nullptr;
     return v;
   }

@@ -159,21 +159,6 @@ GS_HD void load_relaxed_x16(const uint64_t *p, uint64_t *w) {
         "=l"(w[9]), "=l"(w[10]), "=l"(w[11]), "=l"(w[12]), "=l"(w[13]), "=l"(w[14]), "=l"(w[15])
       : "l"(p));
 }
-// 16 bytes of a ring the transport writes: at system scope, never a stale
-// line from an earlier lap (and one PCIe round trip: __ldcv takes nearly two).
-GS_HD uint4 load_relaxed_v4(const void *p) {
-  uint4 v;
-  asm volatile("ld.relaxed.sys.v4.u32 {%0,%1,%2,%3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p)
-               : "memory");
-  return v;
-}
-GS_HD uint8_t load_relaxed_u8(const uint8_t *p) {
-  uint16_t v;
-  asm volatile("ld.relaxed.sys.u8 %0, [%1];" : "=h"(v) : "l"(p) : "memory");
-  return static_cast<uint8_t>(v);
-}
 GS_HD void load_relaxed_x4(const uint32_t *p, uint32_t *w) {
   asm volatile("ld.relaxed.sys.v4.u32 {%0,%1,%2,%3}, [%4];"
                : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])

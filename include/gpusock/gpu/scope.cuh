@@ -130,10 +130,15 @@ GS_HD auto on_leader(const F &leader_part) {
 
 #if defined(__CUDA_ARCH__)
 // One 16-byte word of a group copy. Ring bytes are written by the NIC / the
-// proxy's transport, so they are loaded at system scope (no stale line from an
-// earlier lap); the side in GPU memory may be unaligned and goes bytewise.
+// proxy's transport and published by a release the leader's poll acquired;
+// the scope's barrier orders every thread's loads after that acquire, so
+// plain loads see them (the PTX memory model), and .cg skips the L1 besides.
+// Not strong loads at system scope: a warp's such loads of host memory do not
+// overlap (four in flight take four PCIe round trips, gpu_bench --micro mode
+// 19: 5.9 us for 2 KiB; .cg, mode 23: 1.6 us). The side in GPU memory may be
+// unaligned and goes bytewise.
 __device__ inline uint4 copy_load(const uint8_t *p, bool src_is_ring, bool aligned) {
-  if (src_is_ring) return prim::load_relaxed_v4(p);  // aligned: the ring side anchors the words
+  if (src_is_ring) return __ldcg(reinterpret_cast<const uint4 *>(p));  // aligned: the ring side anchors the words
   uint4 v;
   if (aligned) v = *reinterpret_cast<const uint4 *>(p);
   else memcpy(&v, p, 16);
@@ -177,8 +182,8 @@ GS_HD void group_copy(uint8_t *dst, const uint8_t *src, size_t n, bool src_is_ri
     copy_store(d + 16 * (i + 3 * k), f, d_aligned);
   }
   for (; i < words; i += k) copy_store(d + 16 * i, copy_load(s + 16 * i, src_is_ring, s_aligned), d_aligned);
-  for (size_t j = r; j < head; j += k) dst[j] = src_is_ring ? prim::load_relaxed_u8(src + j) : src[j];
-  for (size_t j = head + words * 16 + r; j < n; j += k) dst[j] = src_is_ring ? prim::load_relaxed_u8(src + j) : src[j];
+  for (size_t j = r; j < head; j += k) dst[j] = src_is_ring ? __ldcg(src + j) : src[j];
+  for (size_t j = head + words * 16 + r; j < n; j += k) dst[j] = src_is_ring ? __ldcg(src + j) : src[j];
 #else
   (void)src_is_ring;
   const size_t chunk = ((n + k - 1) / k + 63) & ~size_t(63);
