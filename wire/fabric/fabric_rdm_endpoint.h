@@ -106,7 +106,7 @@ class RdmEndpoint final : public FabricEndpointBase {
   // while the connection lasts).
   bool still_blocked() const { return ctrl_pending_ || (tx_blocked_ && state_ == State::kEstablished); }
   // Guards every provider call on this connection (see "Torn enqueues").
-  ProviderCall provider_call() const { return ProviderCall(peer_died_, watch_); }
+  ProviderCall provider_call() const { return ProviderCall(peer_died_, watch_.get()); }
   void check_liveness();
   void peer_gone(bool dead_process);
   void fail_connect(int status);
@@ -124,6 +124,9 @@ class RdmEndpoint final : public FabricEndpointBase {
   std::string listener_rendezvous_;
   std::string listener_name_;
   std::shared_ptr<PeerWatch> watch_;
+  // Watches replaced or dropped, alive until the endpoint goes: a provider
+  // call in progress may still hold one (ProviderCall). A few per endpoint.
+  std::vector<std::shared_ptr<PeerWatch>> retired_watches_;
   PidWatch fallback_watch_;  // when the watchdog is unavailable
   std::string peer_name_;
   pid_t peer_pid_ = 0;

@@ -17,7 +17,10 @@ void RdmEndpoint::watch_peer(pid_t pid, const std::string &peer_region) {
 }
 
 void RdmEndpoint::unwatch() {
-  if (watch_) domain_->watchdog().unwatch(watch_);
+  if (watch_) {
+    domain_->watchdog().unwatch(watch_);
+    retired_watches_.push_back(std::move(watch_));
+  }
   watch_.reset();
   fallback_watch_.reset();
 }

@@ -62,9 +62,13 @@ struct PeerWatch {
 
 // One provider call on a watched connection, marked for the watchdog (see
 // "Torn enqueues"): false, and no call may be made, once the peer is dead.
+// It holds the watch by a plain pointer: a call may replace the endpoint's
+// watch, so the endpoint keeps every watch it had until it is destroyed
+// (RdmEndpoint::unwatch), and a reference count per provider call (two more
+// locked instructions on every poll of a connection) buys nothing.
 class ProviderCall {
  public:
-  ProviderCall(bool peer_died, const std::shared_ptr<PeerWatch> &watch) {
+  ProviderCall(bool peer_died, PeerWatch *watch) {
     if (peer_died) {
       ok_ = false;
       return;
@@ -82,7 +86,7 @@ class ProviderCall {
   explicit operator bool() const { return ok_; }
 
  private:
-  std::shared_ptr<PeerWatch> watch_;  // kept: a call may replace the endpoint's watch
+  PeerWatch *watch_ = nullptr;
   bool ok_ = true;
 };
 
