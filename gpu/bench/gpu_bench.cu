@@ -101,19 +101,6 @@ struct MicroKernel {
           prim::store_release(mine, uint64_t(i));
           while (prim::load_acquire(mine + 8) != uint64_t(i)) {}
           break;
-        case 7:
-        case 10:
-          if (lane == 0) {
-            const uint64_t *at = mine + 2 * (sink & 1);
-            uint64_t w[16], a = 0, b = 0;
-            uint32_t x[4], y[4];
-            if (mode == 10) prim::load_relaxed_x16(at + 8, w);
-            prim::load_relaxed_x4(reinterpret_cast<const uint32_t *>(at), x);
-            prim::load_relaxed_x4(reinterpret_cast<const uint32_t *>(at + 2), y);
-            prim::load_acquire_x2(at + 4, &a, &b);
-            sink += a + b + x[0] + y[0] + (mode == 10 ? w[0] + w[15] : 0);
-          }
-          break;
         case 8:
         case 9:
         case 11:
@@ -179,19 +166,23 @@ struct MicroKernel {
           for (unsigned j = 0; j < 4; ++j) sink += a[j] + b[j];
           break;
         }
+        case 7:
+        case 10:
         case 15:
         case 16:
         case 17:
-          if (lane == 0) {
+          if (lane == 0) {  // one thread's status poll: which loads, in which order
             const uint64_t *at = mine + 2 * (sink & 1);
-            uint64_t w[16], a = 0, b = 0;
+            const bool record = mode == 10 || mode == 17, acquire_last = mode == 7 || mode == 10;
+            uint64_t w[16] = {}, a = 0, b = 0;
             uint32_t x[4], y[4];
             if (mode == 16) prim::load_acquire_x2(at + 4, &a, &b);
-            if (mode == 17) prim::load_relaxed_x16(at + 8, w);
+            if (record) prim::load_relaxed_x16(at + 8, w);
             prim::load_relaxed_x4(reinterpret_cast<const uint32_t *>(at), x);
             prim::load_relaxed_x4(reinterpret_cast<const uint32_t *>(at + 2), y);
-            if (mode != 16) prim::load_relaxed_x2(at + 4, &a, &b);
-            sink += a + b + x[0] + y[0] + (mode == 17 ? w[0] + w[15] : 0);
+            if (acquire_last) prim::load_acquire_x2(at + 4, &a, &b);
+            else if (mode != 16) prim::load_relaxed_x2(at + 4, &a, &b);
+            sink += a + b + x[0] + y[0] + w[0] + w[15];
           }
           break;
       }

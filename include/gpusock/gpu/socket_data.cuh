@@ -112,33 +112,24 @@ GS_HD bool recv_verdict(const DeviceContext &c, int s, StatusView v, const Inlin
   return true;
 }
 
-// The leader's poll team (S::in_poll_team): how much may be read now, or the
-// result if nothing can be. Every lane of the team calls; the team polls,
-// lane 0 (the leader) decides, and its plan is the one that counts.
-GS_HD Plan recv_plan(const DeviceContext &c, int s, size_t want, bool dontwait, uint64_t deadline,
-                     uint8_t *inline_dst) {
+// The poll team's loop behind recv_plan and send_plan (every lane of the
+// leader's team calls; the team polls, lane 0 decides, and its plan is the one
+// that counts): lane 0's first(&p) settles the call without a poll or not;
+// then each round every lane takes part in poll() and lane 0 judges what it
+// read with verdict(view, &p), waiting a little more when that says not yet.
+template <class First, class Poll, class Verdict>
+GS_HD Plan team_plan(const DeviceContext &c, bool dontwait, uint64_t deadline, First first, Poll poll,
+                     Verdict verdict) {
   const prim::Team t = prim::team();
   const bool lead = prim::lane() == 0;
   Plan p{};
-  int done = 0;
-  if (lead) {
-    done = 1;
-    if (const int rc = open_socket(c, s); rc < 0) p = plan_result(rc);
-    else if (c.sockets[s].flags & kDevShutRd) p = plan_result(0);  // EOF after our own SHUT_RD
-    else done = 0;
-  }
+  int done = lead ? first(&p) : 0;
   if (prim::team_shfl(t, done, 0)) return p;
-  const SocketStatus *st = c.status + s;
-  const InlineRecv *record = (c.flags & kCtxInlineRecv) ? c.inline_recv + s : nullptr;
-  const uint64_t recv_read = c.sockets[s].recv_read;  // every lane: only this call moves it
   prim::Backoff backoff;
-  InlineView iv;
   for (;;) {
-    GPUSOCK_TRACE(trace::kRecvPollIssued);
-    bool has_record = false;
-    const StatusView v = read_status_team(c, st, record, recv_read, &iv, &has_record);
+    const auto view = poll();
     if (lead) {
-      done = recv_verdict(c, s, v, has_record ? &iv : nullptr, want, inline_dst, &p);
+      done = verdict(view, &p);
       if (!done) {
         if (const int rc = wait_more(c, backoff, dontwait, deadline); rc < 0) {
           p = plan_result(rc);
@@ -148,6 +139,35 @@ GS_HD Plan recv_plan(const DeviceContext &c, int s, size_t want, bool dontwait, 
     }
     if (prim::team_shfl(t, done, 0)) return p;
   }
+}
+
+// The leader's poll team (S::in_poll_team): how much may be read now, or the
+// result if nothing can be (team_plan).
+GS_HD Plan recv_plan(const DeviceContext &c, int s, size_t want, bool dontwait, uint64_t deadline,
+                     uint8_t *inline_dst) {
+  const InlineRecv *record = (c.flags & kCtxInlineRecv) ? c.inline_recv + s : nullptr;
+  InlineView iv;
+  struct View {
+    StatusView v;
+    bool has_record;
+  };
+  auto first = [&](Plan *p) {
+    if (const int rc = open_socket(c, s); rc < 0) *p = plan_result(rc);
+    else if (c.sockets[s].flags & kDevShutRd) *p = plan_result(0);  // EOF after our own SHUT_RD
+    else return 0;
+    return 1;
+  };
+  auto poll = [&] {
+    GPUSOCK_TRACE(trace::kRecvPollIssued);
+    View view{};
+    // c.sockets[s].recv_read: every lane, the same (only this call moves it)
+    view.v = read_status_team(c, c.status + s, record, c.sockets[s].recv_read, &iv, &view.has_record);
+    return view;
+  };
+  auto verdict = [&](const View &view, Plan *p) {
+    return recv_verdict(c, s, view.v, view.has_record ? &iv : nullptr, want, inline_dst, p) ? 1 : 0;
+  };
+  return team_plan(c, dontwait, deadline, first, poll, verdict);
 }
 
 template <class S>
@@ -222,42 +242,27 @@ GS_HD bool send_verdict(const DeviceContext &c, int s, const StatusView &v, size
 }
 
 // The leader's poll team (S::in_poll_team): where the next bytes may go into
-// the send ring, or the result; lane 0's plan counts (as recv_plan).
+// the send ring, or the result (team_plan).
 GS_HD Plan send_plan(const DeviceContext &c, int s, size_t want, bool dontwait, uint64_t deadline) {
-  const prim::Team t = prim::team();
-  const bool lead = prim::lane() == 0;
-  Plan p{};
-  int done = 0;
-  if (lead) {
-    done = 1;
+  auto first = [&](Plan *p) {
     if (const int rc = open_socket(c, s); rc < 0) {
-      p = plan_result(rc);
-    } else {
-      const DeviceSocket &d = c.sockets[s];
-      // Fast path: room known from an earlier look at send_done (which only
-      // grows) needs no PCIe round trip. Errors then show once the ring
-      // fills, as with a TCP send buffer.
-      if (d.flags & kDevShutWr) p = plan_result(-EPIPE);
-      else if (!(d.flags & kDevConnectedSeen) || !send_room(c, s, d, d.send_done_seen, want, dontwait, &p)) done = 0;
+      *p = plan_result(rc);
+      return 1;
     }
-  }
-  if (prim::team_shfl(t, done, 0)) return p;
-  const SocketStatus *st = c.status + s;
-  prim::Backoff backoff;
-  for (;;) {
+    const DeviceSocket &d = c.sockets[s];
+    // Fast path: room known from an earlier look at send_done (which only
+    // grows) needs no PCIe round trip. Errors then show once the ring
+    // fills, as with a TCP send buffer.
+    if (d.flags & kDevShutWr) *p = plan_result(-EPIPE);
+    else if (!(d.flags & kDevConnectedSeen) || !send_room(c, s, d, d.send_done_seen, want, dontwait, p)) return 0;
+    return 1;
+  };
+  auto poll = [&] {
     bool unused = false;
-    const StatusView v = read_status_team(c, st, nullptr, 0, nullptr, &unused);
-    if (lead) {
-      done = send_verdict(c, s, v, want, dontwait, &p);
-      if (!done) {
-        if (const int rc = wait_more(c, backoff, dontwait, deadline); rc < 0) {
-          p = plan_result(rc);
-          done = 1;
-        }
-      }
-    }
-    if (prim::team_shfl(t, done, 0)) return p;
-  }
+    return read_status_team(c, c.status + s, nullptr, 0, nullptr, &unused);
+  };
+  auto verdict = [&](const StatusView &v, Plan *p) { return send_verdict(c, s, v, want, dontwait, p) ? 1 : 0; };
+  return team_plan(c, dontwait, deadline, first, poll, verdict);
 }
 
 // Leader: an inline message's bytes into its request, 16 at a time where the
