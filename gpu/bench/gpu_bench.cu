@@ -59,6 +59,7 @@ using namespace gpusock::bench;
 //   18 / 19 / 20 a warp's group copy from host memory: 16 B per lane, 1 / 4 / 8 loads
 //      per lane 512 B apart, all in flight (bytes per op: 512 / 2048 / 4096)
 //   21-25 mode 19 with ld.relaxed.gpu, ld.volatile, __ldcg, __ldcs, a plain (weak) load
+//   26 mode 7 with ld.volatile for the state words   27 ... and for the counters
 struct MicroKernel {
   int mode;
   int iters;
@@ -166,6 +167,22 @@ struct MicroKernel {
           for (unsigned j = 0; j < 4; ++j) sink += a[j] + b[j];
           break;
         }
+        case 26:
+        case 27:
+          if (lane == 0) {  // a status poll with ld.volatile for the state words (27: the counters too)
+            const uint64_t *at = mine + 2 * (sink & 1);
+            uint64_t a = 0, b = 0, c = 0, d = 0, e = 0, f = 0;
+#if defined(__CUDA_ARCH__)
+            asm volatile("ld.volatile.global.v2.u64 {%0,%1}, [%2];" : "=l"(c), "=l"(d) : "l"(at) : "memory");
+            asm volatile("ld.volatile.global.v2.u64 {%0,%1}, [%2];" : "=l"(e), "=l"(f) : "l"(at + 2) : "memory");
+            if (mode == 27)
+              asm volatile("ld.volatile.global.v2.u64 {%0,%1}, [%2];" : "=l"(a), "=l"(b) : "l"(at + 4) : "memory");
+            else
+#endif
+              prim::load_acquire_x2(at + 4, &a, &b);
+            sink += a + b + c + d + e + f;
+          }
+          break;
         case 7:
         case 10:
         case 15:
@@ -424,13 +441,13 @@ int main(int argc, char **argv) {
                            "payload_ldcv",  "acquire_16B",        "atomic_dev_dep",   "status_relaxed",
                            "status_acq_first", "record_relaxed", "copy_512B",     "copy_2KiB",
                            "copy_4KiB",        "copy_2KiB_gpu",    "copy_2KiB_volatile", "copy_2KiB_cg",
-                           "copy_2KiB_cs",     "copy_2KiB_weak"};
+                           "copy_2KiB_cs",     "copy_2KiB_weak",   "status_volatile_acq", "status_volatile"};
     MemoryBlock lines{}, counter{}, outs{};
     memory->allocate(MemoryKind::kHostMapped, size_t(p6_blocks) * 4096 + 4096, &lines);
     memory->allocate(MemoryKind::kDevice, 64, &counter);
     memory->allocate(MemoryKind::kHostMapped, size_t(p6_blocks) * sizeof(BenchResult), &outs);
     auto *oh = static_cast<BenchResult *>(outs.host);
-    for (int mode = 0; mode < 26; ++mode) {
+    for (int mode = 0; mode < 28; ++mode) {
       for (int blocks : {1, p6_blocks}) {
         const int n = mode == 6 ? 2000 : 5000;
         std::atomic<bool> quit{false};
