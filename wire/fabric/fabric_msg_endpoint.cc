@@ -45,6 +45,7 @@ class MsgEndpoint final : public FabricEndpointBase {
   bool cq_dirty_ = false;        // the CQ may hold entries: our last read was not empty
   uint32_t deferred_recvs_ = 0;  // FI_RX_CQ_DATA: receives asked for before the ep existed
   uint64_t last_cm_check_ms_ = 0;
+  bool delivered_ = false;  // poll() returned completions since the last poll_cm
   bool cm_check_now_ = false;     // poll() saw an error: look at the EQ soon
   uint8_t peer_record_[64] = {};  // passive side: the client's private data
   uint32_t peer_record_len_ = 0;
@@ -165,6 +166,7 @@ int MsgEndpoint::poll(Completion *out, int max) {
   if (got < 0) return got;
   cq_dirty_ = got != 0;  // only an empty read says the CQ is empty
   if (!ring_.empty()) n += ring_.drain(out + n, max - n);
+  delivered_ = delivered_ || n > 0;
   return n;
 }
 
@@ -174,8 +176,14 @@ int MsgEndpoint::poll_cm(CmEvent *out) {
   if (state_ == State::kEstablished || state_ == State::kClosed) {
     // Established: the EQ only ever brings FI_SHUTDOWN, which tcp raises from
     // CQ progress; look at most once a millisecond unless poll() saw an error.
+    // A pass that delivered completions leaves the look to a later one (for up
+    // to 10 ms): a reader woken by data would otherwise wait behind two more
+    // system calls (a progress read and the EQ's epoll_wait) on the first pass
+    // of every new millisecond, i.e. on every wake-up after a sleep.
     const uint64_t now = coarse_ms();
-    pump = cm_check_now_ || now != last_cm_check_ms_;
+    const bool due = now != last_cm_check_ms_ && (!delivered_ || now - last_cm_check_ms_ >= 10);
+    delivered_ = false;
+    pump = cm_check_now_ || due;
     if (pump) {
       last_cm_check_ms_ = now;
       cm_check_now_ = false;
