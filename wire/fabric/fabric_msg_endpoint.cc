@@ -45,7 +45,7 @@ class MsgEndpoint final : public FabricEndpointBase {
   bool cq_dirty_ = false;        // the CQ may hold entries: our last read was not empty
   uint32_t deferred_recvs_ = 0;  // FI_RX_CQ_DATA: receives asked for before the ep existed
   uint64_t last_cm_check_ms_ = 0;
-  bool delivered_ = false;  // poll() returned completions since the last poll_cm
+  bool delivered_ = false;        // poll() returned completions since the last poll_cm
   bool cm_check_now_ = false;     // poll() saw an error: look at the EQ soon
   uint8_t peer_record_[64] = {};  // passive side: the client's private data
   uint32_t peer_record_len_ = 0;

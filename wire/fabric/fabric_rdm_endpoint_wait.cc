@@ -19,9 +19,8 @@ void RdmEndpoint::watch_peer(pid_t pid, const std::string &peer_region) {
 void RdmEndpoint::unwatch() {
   if (watch_) {
     domain_->watchdog().unwatch(watch_);
-    retired_watches_.push_back(std::move(watch_));
+    retired_watches_.push_back(std::move(watch_));  // leaves watch_ empty
   }
-  watch_.reset();
   fallback_watch_.reset();
 }
 
