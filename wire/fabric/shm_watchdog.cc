@@ -4,6 +4,7 @@
 #include "wire/fabric/shm_bell.h"
 
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -132,6 +133,7 @@ bool ShmWatchdog::add(const std::shared_ptr<PeerWatch> &watch) {
     if (epoll_ctl(epfd_, EPOLL_CTL_ADD, wakefd_, &ev) != 0) return false;
     try {
       thread_ = std::thread([this] { run(); });
+      (void)pthread_setname_np(thread_.native_handle(), "gs-shm-watch");  // for top -H, perf, gdb
     } catch (...) {
       return false;
     }

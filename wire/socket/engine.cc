@@ -161,6 +161,7 @@ void Engine::start_background() {
   if (thread_started_) return;
   if (background_waker_ < 0) background_waker_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   background_ = std::thread([this] { background_loop(); });
+  (void)pthread_setname_np(background_.native_handle(), "gs-engine");  // for top -H, perf, gdb
   background_.detach();
   thread_started_ = true;
 }
