@@ -55,7 +55,7 @@ int wait_loop(const timespec *timeout, Check check, Sleep sleep) {
   const auto deadline =
       forever ? Clock::time_point::max()
               : start + std::chrono::seconds(timeout->tv_sec) + std::chrono::nanoseconds(timeout->tv_nsec);
-  const auto spin_until = start + std::chrono::microseconds(gs_spin_budget_us());
+  auto spin_until = start + std::chrono::microseconds(gs_spin_budget_us());
   const unsigned signals_before = t_signals;
   long backoff_us = 10;
   // Every way out tells the library how long the wait took (its spin slot
@@ -76,7 +76,7 @@ int wait_loop(const timespec *timeout, Check check, Sleep sleep) {
       return done(-1);
     }
     if (now < spin_until) {
-      sched_yield();
+      if (gs_spin_yield()) spin_until = now;  // another thread wants this core: sleep
       continue;
     }
     auto step = std::chrono::microseconds(backoff_us);

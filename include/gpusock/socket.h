@@ -93,6 +93,10 @@ void gs_wait_end(const struct pollfd *fds, nfds_t nfds);
  * GPUSOCK_BUSY_POLL_US is the ceiling). */
 long gs_spin_budget_us(void);
 void gs_spin_record(long waited_us);
+/* One yield of such a spin: 0 when this thread had its core to itself, 1
+ * when another thread ran on it meanwhile -- more runnable threads than
+ * cores: stop spinning and sleep now (the next spins are shorter). */
+int gs_spin_yield(void);
 
 int gs_getpeername(int socket, struct sockaddr *addr, socklen_t *addrlen);
 int gs_getsockname(int socket, struct sockaddr *addr, socklen_t *addrlen);

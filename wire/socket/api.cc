@@ -327,6 +327,7 @@ void gs_wait_end(const struct pollfd *fds, nfds_t nfds) {
 
 long gs_spin_budget_us(void) { return static_cast<long>(gpusock::socket::SpinBudget::next_us()); }
 void gs_spin_record(long waited_us) { gpusock::socket::SpinBudget::record(waited_us); }
+int gs_spin_yield(void) { return gpusock::socket::SpinBudget::yield_core() ? 0 : 1; }
 
 int gs_poll(struct pollfd *fds, nfds_t nfds, int timeout) {
   return guarded([&]() -> int {
@@ -362,7 +363,7 @@ int gs_poll(struct pollfd *fds, nfds_t nfds, int timeout) {
     using gpusock::socket::Clock;
     const auto start = Clock::now();
     const auto deadline = timeout < 0 ? Clock::time_point::max() : start + std::chrono::milliseconds(timeout);
-    const auto spin_until = start + std::chrono::microseconds(gpusock::socket::SpinBudget::next_us());
+    auto spin_until = start + std::chrono::microseconds(gpusock::socket::SpinBudget::next_us());
     std::vector<pollfd> sleep_fds;
     unsigned sleeps = 0;
     for (unsigned step = 0;; ++step) {
@@ -382,7 +383,7 @@ int gs_poll(struct pollfd *fds, nfds_t nfds, int timeout) {
         return ready;
       }
       if (now < spin_until) {
-        gpusock::socket::spin_pause(step);
+        if (!gpusock::socket::spin_step(step)) spin_until = now;  // another thread wants this core: sleep
         continue;
       }
       // Sleep on the kernel fds, the sockets' wait fds and this thread's waker.

@@ -365,7 +365,7 @@ template <class Pred>
 int StreamSocket::wait_locked(std::unique_lock<std::mutex> &lock, Pred ready, int timeout_ms) {
   const auto start = Clock::now();
   const auto deadline = timeout_ms < 0 ? Clock::time_point::max() : start + std::chrono::milliseconds(timeout_ms);
-  const auto spin_until = start + std::chrono::microseconds(SpinBudget::next_us());
+  auto spin_until = start + std::chrono::microseconds(SpinBudget::next_us());
   std::vector<pollfd> fds;
   unsigned sleeps = 0;
   auto now = start;
@@ -384,8 +384,9 @@ int StreamSocket::wait_locked(std::unique_lock<std::mutex> &lock, Pred ready, in
     }
     if (now < spin_until) {
       lock.unlock();
-      spin_pause(step);
+      const bool alone = spin_step(step);
       lock.lock();
+      if (!alone) spin_until = now;  // another thread wants this core: sleep
       continue;
     }
     fds.clear();

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cerrno>
 #include <cstdlib>
 #include <ctime>
@@ -24,6 +25,7 @@ struct Waker {
 thread_local Waker t_waker;
 thread_local int64_t t_spin_us = -1;   // -1: not yet set (starts at the ceiling)
 thread_local bool t_spinning = false;  // holds one of the process's spin slots
+thread_local bool t_crowded = false;   // another thread ran on this core during this wait's spin
 std::atomic<int> g_spinners{0};
 
 int64_t env_or(const char *name, int64_t fallback) {
@@ -85,7 +87,9 @@ static long usable_cores() {
 int64_t SpinBudget::ceiling_us() {
   static const int64_t ceiling = [] {
     const long cores = usable_cores();
-    const int64_t fallback = cores <= 1 ? 0 : cores <= 2 ? 20 : cores <= 4 ? 50 : 100;
+    // 100 us rides out a peer's short preemption: on 2 cores a 20 us budget
+    // let ~2 % of shm round trips sleep (~70 us each), tripling the mean.
+    const int64_t fallback = cores <= 1 ? 0 : 100;
     return std::min<int64_t>(env_or("GPUSOCK_BUSY_POLL_US", fallback), 10000000);
   }();
   return ceiling;
@@ -115,7 +119,21 @@ void SpinBudget::stop_spinning() {
 void SpinBudget::record(int64_t waited_us) {
   stop_spinning();
   const int64_t ceiling = ceiling_us();
-  t_spin_us = waited_us <= ceiling ? ceiling : next_us() / 2;
+  const int64_t current = t_spin_us < 0 ? ceiling : t_spin_us;
+  t_spin_us = waited_us <= ceiling && !t_crowded ? ceiling : current / 2;
+  t_crowded = false;
+}
+
+bool SpinBudget::yield_core() {
+  // A yield with nobody else runnable here is one system call (~1 us on a
+  // VM); one that let another thread run takes two context switches and
+  // that thread's work.
+  constexpr auto kCrowded = std::chrono::microseconds(5);
+  const auto before = std::chrono::steady_clock::now();
+  sched_yield();
+  if (std::chrono::steady_clock::now() - before < kCrowded) return true;
+  t_crowded = true;
+  return false;
 }
 
 int64_t no_fd_step_us(unsigned sleeps) { return std::min<int64_t>(int64_t(10) << std::min(sleeps, 7u), 1000); }

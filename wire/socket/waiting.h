@@ -7,6 +7,8 @@
 // wake-up first). An idle socket costs no CPU.
 #pragma once
 
+#include "wire/socket/spin_pause.h"
+
 #include <poll.h>
 
 #include <cstdint>
@@ -51,18 +53,33 @@ int sleep_on(std::vector<pollfd> &fds, int64_t timeout_us);
 // within the ceiling (it would have ended in a spin) lets the next ones spin
 // the whole ceiling, a longer one halves it, so a ping-pong keeps spinning
 // and an idle thread soon sleeps at once. The ceiling is GPUSOCK_BUSY_POLL_US,
-// else a default by core count (0 with 1 core). And at most half the cores
-// spin at once in a process (GPUSOCK_MAX_SPINNERS): a thread that finds them
-// taken sleeps at once, so a hundred blocked threads never spin a machine
-// down (a spin slot is held from next_us() until the thread sleeps or the
-// wait ends).
+// else 100 us (0 with 1 core). A spin also watches its core (yield_core): when
+// another thread ran on it during one of the spin's yields, the machine has
+// more runnable threads than cores and the spin only delays them (memcached's
+// workers and clients on two cores), so the wait sleeps at once and the next
+// spins are halved. And at most half the cores spin at once in a process
+// (GPUSOCK_MAX_SPINNERS): a thread that finds them taken sleeps at once, so a
+// hundred blocked threads never spin a machine down (a spin slot is held from
+// next_us() until the thread sleeps or the wait ends).
 class SpinBudget {
  public:
   static int64_t next_us();
   static void stop_spinning();  // this thread is about to sleep
   static void record(int64_t waited_us);
   static int64_t ceiling_us();
+  // Yields the core once: true when this thread had it to itself (the yield
+  // came straight back), false when another thread ran meanwhile (stop
+  // spinning; the budget shrinks at record()).
+  static bool yield_core();
 };
+
+// One step of a spinning wait: a pause, every 64th a yield_core(). False:
+// stop spinning and sleep.
+inline bool spin_step(unsigned step) {
+  if (step % 64 == 63) return SpinBudget::yield_core();
+  cpu_relax();
+  return true;
+}
 
 // The short sleep step for a transport without a wait fd, doubling from 10 µs
 // to 1 ms.
