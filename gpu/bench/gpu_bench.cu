@@ -343,7 +343,12 @@ struct StreamKernel {
 int main(int argc, char **argv) {
   bool force_host = false, micro = false;
   int iters = 0, stream_mib = 0, p5_mib = 0, p6_blocks = 0, p6_ms = 1000, threads_arg = 0;
-  int sharded = -1;  // the 32-block row's second proxy: threads (-1: 4 on fabric:tcp, else none)
+  int sharded = -1;  // the 32-block row's second proxy: threads (-1: 12 on fabric:tcp, else none)
+  // ... and its ProxyOptions::busy_poll_us: a program's default (idle threads
+  // nap), where the first proxy spins for the latency rows. Spinning, 12 and
+  // 16 threads starved the drains of cores (H200: 0.57 and 0.18 against 0.72
+  // and 0.70 napping; 8 threads 0.63 / 0.69).
+  int sharded_busy_poll_us = ProxyOptions{}.busy_poll_us;
   uint32_t rings = ProxyOptions{}.rbuf_size;  // what a GPU program gets; the CPU peers keep theirs (128 KiB)
   ProxyOptions options;
   for (int i = 1; i < argc; ++i) {
@@ -362,10 +367,11 @@ int main(int argc, char **argv) {
     else if (a == "--proxy-cpus") options.cpus = next();
     else if (a == "--proxy-threads") options.threads = static_cast<uint32_t>(std::atoi(next()));
     else if (a == "--sharded") sharded = std::atoi(next());
+    else if (a == "--sharded-busy-poll") sharded_busy_poll_us = std::atoi(next());
     else {
       std::fprintf(stderr,
                    "usage: %s [--host-backend] [--transport T] [--iters N] [--stream-mib M] [--p5-mib M] "
-                   "[--p6-blocks B] [--p6-ms MS] [--threads T] [--rings BYTES] [--proxy-cpus LIST] [--proxy-threads N] [--sharded N]\n",
+                   "[--p6-blocks B] [--p6-ms MS] [--threads T] [--rings BYTES] [--proxy-cpus LIST] [--proxy-threads N] [--sharded N] [--sharded-busy-poll US]\n",
                    argv[0]);
       return 2;
     }
@@ -408,7 +414,7 @@ int main(int argc, char **argv) {
   ctx.flags &= default_inline;
   const char *transport = std::getenv("GPUSOCK_TRANSPORT");
   // fabric:tcp's per-message work is the kernel's: one proxy thread is one core of it.
-  if (sharded < 0) sharded = gpu && transport && std::string(transport) == "fabric:tcp" ? 8 : 0;
+  if (sharded < 0) sharded = gpu && transport && std::string(transport) == "fabric:tcp" ? 12 : 0;
   std::printf("gpu_bench: %s backend, transport %s, %u threads per block, %u B rings\n  %s\n", backend_name(backend),
               transport ? transport : "(default)", threads, rings, proxy->placement().c_str());
   std::fflush(stdout);
@@ -737,6 +743,7 @@ int main(int argc, char **argv) {
     if (streams > 1 && sharded > 1 && slot + streams <= kResults) {
       ProxyOptions more = options;
       more.threads = static_cast<uint32_t>(sharded);
+      more.busy_poll_us = sharded_busy_poll_us;
       std::unique_ptr<Proxy> sharded_proxy;
       double mbps = -1;
       if (Proxy::start(more, memory.get(), &sharded_proxy) == 0) {
