@@ -9,6 +9,7 @@
 
 #include <gpusock/gpu.cuh>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <thread>
@@ -18,6 +19,13 @@
 namespace gpusock::bench {
 
 using test::Peer;
+
+// The median of a few measurements (-1 for none): the figure a noisy machine reports.
+inline double median_of(std::vector<double> v) {
+  if (v.empty()) return -1;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
 
 struct BenchResult {
   long long error;

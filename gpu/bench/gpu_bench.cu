@@ -9,7 +9,9 @@
 //                        echo1, the same blocking loop): both round trips and the gap
 //   p5_*_<chunk>         a CPU client streams to a GPU server (one block, grecv into
 //                        GPU memory) and to a CPU server (gpu_test_peer drain), in
-//                        chunk-byte sends/receives: both rates and the ratio
+//                        chunk-byte sends/receives: both rates (medians of
+//                        --p5-rounds rounds, default 3, alternating which goes
+//                        first) and the ratio
 //   p6_requests          gnop requests/s that the one proxy thread serves, with
 //                        --p6-blocks blocks (default: one per multiprocessor) each
 //                        driving its own socket
@@ -18,8 +20,9 @@
 //                        connections streaming to the same servers
 //
 //   gpu_bench [--host-backend] [--transport T] [--iters N] [--stream-mib M]
-//             [--p5-mib M] [--p6-blocks B] [--p6-ms MS] [--threads T] [--rings BYTES]
-//             [--proxy-cpus LIST]
+//             [--p5-mib M] [--p5-rounds R] [--p6-blocks B] [--p6-ms MS] [--threads T]
+//             [--rings BYTES] [--proxy-cpus LIST] [--proxy-threads N] [--sharded N]
+//             [--sharded-busy-poll US]
 // The CPU peers are gpu_test_peer processes beside this binary (they inherit
 // its CPU affinity: run it under taskset to keep them off the proxy's core).
 // GS_BENCH_ECHO_PEER picks the echo peer's mode for echo_rtt_64B.
@@ -342,7 +345,7 @@ struct StreamKernel {
 
 int main(int argc, char **argv) {
   bool force_host = false, micro = false;
-  int iters = 0, stream_mib = 0, p5_mib = 0, p6_blocks = 0, p6_ms = 1000, threads_arg = 0;
+  int iters = 0, stream_mib = 0, p5_mib = 0, p5_rounds = 3, p6_blocks = 0, p6_ms = 1000, threads_arg = 0;
   int sharded = -1;  // the 32-block row's second proxy: threads (-1: 12 on fabric:tcp, else none)
   // ... and its ProxyOptions::busy_poll_us: a program's default (idle threads
   // nap), where the first proxy spins for the latency rows. Spinning, 12 and
@@ -359,6 +362,7 @@ int main(int argc, char **argv) {
     else if (a == "--iters") iters = std::atoi(next());
     else if (a == "--stream-mib") stream_mib = std::atoi(next());
     else if (a == "--p5-mib") p5_mib = std::atoi(next());
+    else if (a == "--p5-rounds") p5_rounds = std::max(1, std::atoi(next()));
     else if (a == "--p6-blocks") p6_blocks = std::atoi(next());
     else if (a == "--p6-ms") p6_ms = std::atoi(next());
     else if (a == "--threads") threads_arg = std::atoi(next());
@@ -370,7 +374,7 @@ int main(int argc, char **argv) {
     else if (a == "--sharded-busy-poll") sharded_busy_poll_us = std::atoi(next());
     else {
       std::fprintf(stderr,
-                   "usage: %s [--host-backend] [--transport T] [--iters N] [--stream-mib M] [--p5-mib M] "
+                   "usage: %s [--host-backend] [--transport T] [--iters N] [--stream-mib M] [--p5-mib M] [--p5-rounds R] "
                    "[--p6-blocks B] [--p6-ms MS] [--threads T] [--rings BYTES] [--proxy-cpus LIST] [--proxy-threads N] [--sharded N] [--sharded-busy-poll US]\n",
                    argv[0]);
       return 2;
@@ -612,40 +616,56 @@ int main(int argc, char **argv) {
   }
   std::fflush(stdout);
 
-  // ---- P5: CPU client streaming to a GPU server and to a CPU server
+  // ---- P5: CPU client streaming to a GPU server and to a CPU server, each
+  // size in `p5_rounds` rounds that alternate which server goes first (a
+  // machine whose CPU rate drifts within a run moves both alike); the rates
+  // reported are each server's median.
   if (listener >= 0) {
     const uint64_t total = uint64_t(p5_mib) << 20;
+    auto gpu_server = [&](uint32_t chunk) {
+      double mbps = -1;
+      if (slot >= kResults) return mbps;
+      BenchResult *r = res_host + slot++;
+      if (grid.start(backend, shape,
+                     DrainServerKernel{ctx, listener, static_cast<uint8_t *>(big.device), chunk,
+                                       static_cast<uint64_t *>(small.device) + 64, res_dev + (r - res_host)}) == 0) {
+        mbps = run_client({"stream", std::to_string(gpu_port), std::to_string(total), std::to_string(chunk), tmp},
+                          tmp, 120000);
+        if (mbps < 0) proxy->request_kernel_stop();
+        grid.wait();
+        if (r->error != 0) std::printf("  (GPU drain server ended with %s)\n", gs_status_name(static_cast<int>(r->error)));
+      }
+      return mbps;
+    };
+    auto cpu_server = [&](uint32_t chunk) {
+      const int port = gpusock::test::free_port();
+      Peer server({"drain", std::to_string(port), "1", std::to_string(chunk)});
+      return run_client({"stream", std::to_string(port), std::to_string(total), std::to_string(chunk), tmp}, tmp,
+                        120000);
+    };
     for (uint32_t c : {1u << 16, 1u << 18, 1u << 20}) {
       char label[16];
       std::snprintf(label, sizeof label, "%uK", c >> 10);
-      double gpu_mbps = -1, cpu_mbps = -1;
-      if (slot < kResults) {
-        BenchResult *r = res_host + slot;
-        if (grid.start(backend, shape,
-                       DrainServerKernel{ctx, listener, static_cast<uint8_t *>(big.device), c,
-                                         static_cast<uint64_t *>(small.device) + 64, res_dev + slot}) == 0) {
-          gpu_mbps = run_client({"stream", std::to_string(gpu_port), std::to_string(total), std::to_string(c), tmp},
-                                tmp, 120000);
-          if (gpu_mbps < 0) proxy->request_kernel_stop();
-          grid.wait();
-          if (r->error != 0)
-            std::printf("  (GPU drain server ended with %s)\n", gs_status_name(static_cast<int>(r->error)));
-        }
-        ++slot;
-      }
-      {
-        const int port = gpusock::test::free_port();
-        Peer server({"drain", std::to_string(port), "1", std::to_string(c)});
-        cpu_mbps =
-            run_client({"stream", std::to_string(port), std::to_string(total), std::to_string(c), tmp}, tmp, 120000);
+      std::vector<double> gpu_runs, cpu_runs;
+      bool failed = false;
+      for (int round = 0; round < p5_rounds && !failed; ++round) {
+        double g = -1, k = -1;
+        if (round % 2 == 0) g = gpu_server(c), k = cpu_server(c);
+        else k = cpu_server(c), g = gpu_server(c);
+        std::printf("  p5 %s round %d: GPU server %.0f MB/s, CPU server %.0f MB/s\n", label, round + 1, g, k);
+        failed = g <= 0 || k <= 0;
+        gpu_runs.push_back(g);
+        cpu_runs.push_back(k);
       }
       const std::string g = std::string("p5_gpu_server_") + label, k = std::string("p5_cpu_server_") + label;
-      if (gpu_mbps > 0) std::printf("RESULT %s %.0f MB/s\n", g.c_str(), gpu_mbps);
-      else fail(g.c_str(), -EIO);
-      if (cpu_mbps > 0) std::printf("RESULT %s %.0f MB/s\n", k.c_str(), cpu_mbps);
-      else fail(k.c_str(), -EIO);
-      if (gpu_mbps > 0 && cpu_mbps > 0)
-        std::printf("RESULT p5_ratio_%s %.2f x target >= 0.95\n", label, gpu_mbps / cpu_mbps);
+      if (failed) {
+        fail(g.c_str(), -EIO);
+        continue;
+      }
+      const double gpu_mbps = median_of(gpu_runs), cpu_mbps = median_of(cpu_runs);
+      std::printf("RESULT %s %.0f MB/s median of %d\n", g.c_str(), gpu_mbps, p5_rounds);
+      std::printf("RESULT %s %.0f MB/s median of %d\n", k.c_str(), cpu_mbps, p5_rounds);
+      std::printf("RESULT p5_ratio_%s %.2f x target >= 0.95\n", label, gpu_mbps / cpu_mbps);
       std::fflush(stdout);
     }
   }

@@ -111,12 +111,6 @@ struct Mark {
   uint64_t gt, clk;
 };
 
-double median(std::vector<double> v) {
-  if (v.empty()) return -1;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 // The medians of one round's steps, from the marks (see the top).
 void analyze(const char *name, const std::vector<Mark> &m, double rtt_ns, double turnaround_ns) {
   if (m.size() < 2) {
@@ -185,9 +179,9 @@ void analyze(const char *name, const std::vector<Mark> &m, double rtt_ns, double
   std::printf("TRACE %-24s rtt %6.0f ns  turnaround %6.0f  polls %.0f  poll %4.0f  copy %4.0f  to_plan %4.0f "
               "(rdone %4.0f gap %4.0f plan %4.0f)  ticket %4.0f (make %4.0f tick %4.0f)  store %4.0f  gpu %5.0f  "
               "away %5.0f  (%zu marks, %.3f ns/clk, globaltimer step >= %llu ns)\n",
-              name, rtt_ns, turnaround_ns, median(polls), median(poll), median(copy), median(to_plan), median(rdone),
-              median(gap), median(plan), median(ticket), median(make), median(tick), median(store), median(gpu),
-              median(away), m.size(), ns_per_clk, static_cast<unsigned long long>(min_gt_step));
+              name, rtt_ns, turnaround_ns, median_of(polls), median_of(poll), median_of(copy), median_of(to_plan), median_of(rdone),
+              median_of(gap), median_of(plan), median_of(ticket), median_of(make), median_of(tick), median_of(store), median_of(gpu),
+              median_of(away), m.size(), ns_per_clk, static_cast<unsigned long long>(min_gt_step));
 }
 
 }  // namespace
