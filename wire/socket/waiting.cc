@@ -26,6 +26,7 @@ thread_local Waker t_waker;
 thread_local int64_t t_spin_us = -1;   // -1: not yet set (starts at the ceiling)
 thread_local bool t_spinning = false;  // holds one of the process's spin slots
 thread_local bool t_crowded = false;   // another thread ran on this core during this wait's spin
+thread_local std::chrono::steady_clock::time_point t_last_yield;  // or the spin's start
 std::atomic<int> g_spinners{0};
 
 int64_t env_or(const char *name, int64_t fallback) {
@@ -102,6 +103,7 @@ int64_t SpinBudget::next_us() {
   }();
   if (t_spin_us < 0) t_spin_us = ceiling_us();
   if (t_spin_us == 0 || t_spinning) return t_spin_us;
+  t_last_yield = std::chrono::steady_clock::now();
   if (g_spinners.fetch_add(1, std::memory_order_relaxed) >= max_spinners) {
     g_spinners.fetch_sub(1, std::memory_order_relaxed);
     return 0;  // enough threads spin already: sleep at once
@@ -131,9 +133,14 @@ bool SpinBudget::yield_core() {
   constexpr auto kCrowded = std::chrono::microseconds(5);
   const auto before = std::chrono::steady_clock::now();
   sched_yield();
-  if (std::chrono::steady_clock::now() - before < kCrowded) return true;
+  t_last_yield = std::chrono::steady_clock::now();
+  if (t_last_yield - before < kCrowded) return true;
   t_crowded = true;
   return false;
+}
+
+bool SpinBudget::yield_due() {
+  return std::chrono::steady_clock::now() - t_last_yield >= std::chrono::microseconds(kYieldEveryUs);
 }
 
 int64_t no_fd_step_us(unsigned sleeps) { return std::min<int64_t>(int64_t(10) << std::min(sleeps, 7u), 1000); }
