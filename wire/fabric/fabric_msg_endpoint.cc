@@ -175,13 +175,17 @@ int MsgEndpoint::poll_cm(CmEvent *out) {
   bool pump = true;
   if (state_ == State::kEstablished || state_ == State::kClosed) {
     // Established: the EQ only ever brings FI_SHUTDOWN, which tcp raises from
-    // CQ progress; look at most once a millisecond unless poll() saw an error.
-    // A pass that delivered completions leaves the look to a later one (for up
-    // to 10 ms): a reader woken by data would otherwise wait behind two more
-    // system calls (a progress read and the EQ's epoll_wait) on the first pass
-    // of every new millisecond, i.e. on every wake-up after a sleep.
+    // CQ progress, and the CM thread routes it here on its own (it sleeps on
+    // the EQ's fd): a look of ours only spares that thread's hop, so it comes
+    // once per 10 ms unless poll() saw an error, and a pass that delivered
+    // completions leaves it to a later pass (for up to 20 ms). The look costs
+    // two system calls (a progress read and the EQ's epoll_wait); once a
+    // millisecond, every pass after a sleep paid them, the woken reader's and
+    // the sender's last pass before it sleeps alike (loopback TCP wakes the
+    // peer onto the sender's core, so the peer waited for those calls).
     const uint64_t now = coarse_ms();
-    const bool due = now != last_cm_check_ms_ && (!delivered_ || now - last_cm_check_ms_ >= 10);
+    const uint64_t since = now - last_cm_check_ms_;
+    const bool due = since >= 10 && (!delivered_ || since >= 20);
     delivered_ = false;
     pump = cm_check_now_ || due;
     if (pump) {
