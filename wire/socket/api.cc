@@ -383,7 +383,7 @@ int gs_poll(struct pollfd *fds, nfds_t nfds, int timeout) {
         return ready;
       }
       if (now < spin_until) {
-        if (!gpusock::socket::spin_step(step)) spin_until = now;  // another thread wants this core: sleep
+        if (!gpusock::socket::spin_step(step, now)) spin_until = now;  // another thread wants this core: sleep
         continue;
       }
       // Sleep on the kernel fds, the sockets' wait fds and this thread's waker.

@@ -384,7 +384,7 @@ int StreamSocket::wait_locked(std::unique_lock<std::mutex> &lock, Pred ready, in
     }
     if (now < spin_until) {
       lock.unlock();
-      const bool alone = spin_step(step);
+      const bool alone = spin_step(step, now);
       lock.lock();
       if (!alone) spin_until = now;  // another thread wants this core: sleep
       continue;

@@ -139,8 +139,8 @@ bool SpinBudget::yield_core() {
   return false;
 }
 
-bool SpinBudget::yield_due() {
-  return std::chrono::steady_clock::now() - t_last_yield >= std::chrono::microseconds(kYieldEveryUs);
+bool SpinBudget::yield_due(std::chrono::steady_clock::time_point now) {
+  return now - t_last_yield >= std::chrono::microseconds(kYieldEveryUs);
 }
 
 int64_t no_fd_step_us(unsigned sleeps) { return std::min<int64_t>(int64_t(10) << std::min(sleeps, 7u), 1000); }

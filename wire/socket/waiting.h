@@ -11,6 +11,8 @@
 
 #include <poll.h>
 
+#include <chrono>
+
 #include <cstdint>
 #include <vector>
 
@@ -71,20 +73,21 @@ class SpinBudget {
   // came straight back), false when another thread ran meanwhile (stop
   // spinning; the budget shrinks at record()).
   static bool yield_core();
-  // Whether this wait's spin last yielded kYieldEveryUs or more ago (a wait's
-  // first yield comes that long after next_us()).
-  static bool yield_due();
+  // Whether this wait's spin last yielded kYieldEveryUs or more before `now`
+  // (a wait's first yield comes that long after next_us()).
+  static bool yield_due(std::chrono::steady_clock::time_point now);
   static constexpr int64_t kYieldEveryUs = 4;
 };
 
-// One step of a spinning wait: a pause, and a yield_core() once every
-// kYieldEveryUs, looked at every fourth step. By time, not by steps: a tcp
+// One step of a spinning wait at time `now` (the caller's clock, read at most
+// a few steps ago): a pause, and a yield_core() once every kYieldEveryUs,
+// looked at every fourth step. By time, not by steps: a tcp
 // progress pass makes a system call (~1 us on a VM), so 64 of them outlasted
 // the whole spin, and a thread the kernel woke onto this core (the peer's
 // reply, sync wake-ups of loopback TCP) waited behind the spin for its end.
 // False: stop spinning and sleep.
-inline bool spin_step(unsigned step) {
-  if (step % 4 == 3 && SpinBudget::yield_due()) return SpinBudget::yield_core();
+inline bool spin_step(unsigned step, std::chrono::steady_clock::time_point now) {
+  if (step % 4 == 3 && SpinBudget::yield_due(now)) return SpinBudget::yield_core();
   cpu_relax();
   return true;
 }
