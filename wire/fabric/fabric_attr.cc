@@ -6,7 +6,9 @@
 //      0-based offset, keys are ours), inject_size 128, tx/rx size 256,
 //      cq_data_size 8, CM private data up to 256 bytes. No FI_HMEM.
 // shm  (prov/shm): FI_EP_RDM over a /dev/shm region per endpoint, RMA through
-//      CMA (process_vm_writev) or the region's bounce buffers. mode 0,
+//      CMA or the region's bounce buffers (a plain write: the initiator's
+//      process_vm_writev; a write with CQ data: the target's progress pulls
+//      it with process_vm_readv, under its region's lock). mode 0,
 //      mr_mode FI_MR_VIRT_ADDR when offered (keys are ours), inject_size 4096
 //      (0 when FI_HMEM is asked for), tx/rx size 1024, cq_data_size 8,
 //      FI_PROGRESS_MANUAL data progress, no CM: gpusock carries its own
