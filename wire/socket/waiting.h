@@ -12,7 +12,6 @@
 #include <poll.h>
 
 #include <chrono>
-
 #include <cstdint>
 #include <vector>
 
