@@ -43,14 +43,34 @@ inline long proc_status_value(const char *name) {
   return value;
 }
 
+// This process's open fds and what each is ("7=socket:[1234] 8=anon_inode:[eventfd]"),
+// so that a count that did not come back names what was left.
+inline std::string fd_targets() {
+  std::string out;
+  DIR *d = opendir("/proc/self/fd");
+  if (!d) return out;
+  const int own = dirfd(d);
+  while (const dirent *e = readdir(d)) {
+    if (e->d_name[0] == '.' || std::atoi(e->d_name) == own) continue;
+    char target[256];
+    const ssize_t n = readlinkat(own, e->d_name, target, sizeof target - 1);
+    target[n > 0 ? n : 0] = '\0';
+    out += std::string(out.empty() ? "" : " ") + e->d_name + "=" + target;
+  }
+  closedir(d);
+  return out;
+}
+
 struct Resources {
   int fds = 0;      // open fds of this process (the count's own dir fd excluded)
   int threads = 0;  // threads of this process
   int shm = 0;      // entries in /dev/shm
   long rss_kib = 0;
+  std::string fd_list;  // fd_targets() at the same moment
 
   static Resources now() {
     Resources r;
+    r.fd_list = fd_targets();
     r.fds = count_entries("/proc/self/fd") - 1;
     r.threads = count_entries("/proc/self/task");
     r.shm = count_entries("/dev/shm");
@@ -62,7 +82,7 @@ struct Resources {
   bool within(const Resources &base) const { return fds <= base.fds && threads <= base.threads && shm <= base.shm; }
   std::string describe() const {
     return std::to_string(fds) + " fds, " + std::to_string(threads) + " threads, " + std::to_string(shm) +
-           " /dev/shm entries, " + std::to_string(rss_kib / 1024) + " MiB resident";
+           " /dev/shm entries, " + std::to_string(rss_kib / 1024) + " MiB resident (fds: " + fd_list + ")";
   }
 };
 
