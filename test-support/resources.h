@@ -44,34 +44,37 @@ inline long proc_status_value(const char *name) {
 }
 
 // This process's open fds and what each is ("7=socket:[1234] 8=anon_inode:[eventfd]"),
-// so that a count that did not come back names what was left.
-inline std::string fd_targets() {
+// so that a count that did not come back names what was left; their number
+// (the listing's own dir fd not counted) in *count, -1 if unreadable.
+inline std::string fd_targets(int *count) {
   std::string out;
+  *count = -1;
   DIR *d = opendir("/proc/self/fd");
   if (!d) return out;
   const int own = dirfd(d);
+  *count = 0;
   while (const dirent *e = readdir(d)) {
     if (e->d_name[0] == '.' || std::atoi(e->d_name) == own) continue;
     char target[256];
     const ssize_t n = readlinkat(own, e->d_name, target, sizeof target - 1);
     target[n > 0 ? n : 0] = '\0';
     out += std::string(out.empty() ? "" : " ") + e->d_name + "=" + target;
+    ++*count;
   }
   closedir(d);
   return out;
 }
 
 struct Resources {
-  int fds = 0;      // open fds of this process (the count's own dir fd excluded)
+  int fds = 0;      // open fds of this process (the listing's own dir fd excluded)
   int threads = 0;  // threads of this process
   int shm = 0;      // entries in /dev/shm
   long rss_kib = 0;
-  std::string fd_list;  // fd_targets() at the same moment
+  std::string fd_list;  // what those fds are, from the same listing
 
   static Resources now() {
     Resources r;
-    r.fd_list = fd_targets();
-    r.fds = count_entries("/proc/self/fd") - 1;
+    r.fd_list = fd_targets(&r.fds);
     r.threads = count_entries("/proc/self/task");
     r.shm = count_entries("/dev/shm");
     r.rss_kib = proc_status_value("VmRSS");
