@@ -39,9 +39,11 @@ enum { RDMA_SQSIZE, RDMA_RQSIZE, RDMA_INLINE, RDMA_IOMAPSIZE, RDMA_ROUTE };
  * waits on the listener (or while a connect of this process is under way: it
  * may be to this listener), not from the library's background thread, so that
  * requests a busy process would not serve stay where other processes listening
- * on the same port (a forked server over fabric:tcp) can take them. Off by
- * default: handshakes complete in the background, as a kernel's TCP does.
- * Ignored over verbs, where rdma_cm's request times out unanswered. */
+ * on the same port (a forked server over fabric:tcp) can take them; and one
+ * at a time (a request taken is this process's alone, and lost if it exits
+ * before accepting it). Off by default: handshakes complete in the background,
+ * as a kernel's TCP does. Ignored over verbs, where rdma_cm's request times out
+ * unanswered. */
 #define SOL_GPUSOCK 0x67730000
 enum { GS_ACCEPT_ON_DEMAND = 1 };
 

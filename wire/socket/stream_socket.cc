@@ -80,9 +80,17 @@ void StreamSocket::count_connect_locked(bool on) {
 
 void StreamSocket::forget_connects_after_fork() { g_connects_under_way.store(0); }
 
+// Would a pass take new requests now? On demand, a process holds at most one
+// request the application has not accepted: one it took belongs to it alone,
+// and is reset if the process exits first (a prefork worker told to exit
+// after serving a connection), where kernel TCP would have left it in the
+// shared queue for another process. A connect under way in this process lifts
+// the limit up to the backlog: it may be to this listener, and must complete
+// before the application accepts.
 bool StreamSocket::takes_requests(bool by_application) const {
-  return by_application || !options_.accept_on_demand || !domain_->caps().requests_wait ||
-         g_connects_under_way.load(std::memory_order_seq_cst) > 0;
+  if (!options_.accept_on_demand || !domain_->caps().requests_wait) return true;
+  if (g_connects_under_way.load(std::memory_order_seq_cst) > 0) return true;
+  return by_application && accepting_.empty() && accept_queue_.empty();
 }
 
 StreamSocket::~StreamSocket() {
@@ -250,9 +258,9 @@ int StreamSocket::accept(std::unique_ptr<StreamSocket> *out, bool wait) {
   return 0;
 }
 
-// Advances handshakes in flight and, when take_new, takes new requests while
-// under the backlog.
-bool StreamSocket::accept_requests_locked(bool take_new) {
+// Advances handshakes in flight and takes new requests while under the
+// backlog and takes_requests() allows.
+bool StreamSocket::accept_requests_locked(bool by_application) {
   bool did = false;
   for (size_t i = 0; i < accepting_.size();) {
     StreamSocket &child = *accepting_[i];
@@ -265,7 +273,7 @@ bool StreamSocket::accept_requests_locked(bool take_new) {
     if (child.role_ == Role::kConnected) accept_queue_.push_back(std::move(accepting_[i]));
     accepting_.erase(accepting_.begin() + static_cast<long>(i));
   }
-  if (!take_new) return did;
+  if (!takes_requests(by_application)) return did;
   const auto rejected = [](void *, int, const char *why) { Engine::get().log(1, "rejecting connection: %s", why); };
   while (accepting_.size() + accept_queue_.size() < static_cast<size_t>(backlog_)) {
     std::unique_ptr<ConnectionRequest> request;
@@ -284,6 +292,7 @@ bool StreamSocket::accept_requests_locked(bool take_new) {
     }
     child->role_ = Role::kAccepting;
     accepting_.push_back(std::move(child));
+    if (!takes_requests(by_application)) return did;  // on demand: one at a time
   }
   if (accepting_.size() + accept_queue_.size() >= static_cast<size_t>(backlog_)) {
     if (const int refused = refuse_pending_requests(*listener_); refused > 0) {
@@ -330,7 +339,7 @@ void StreamSocket::keepalive_tick_locked() {
 bool StreamSocket::progress_locked(bool by_application, int quiet_fd) {
   switch (role_) {
     case Role::kListening: {
-      const bool did = accept_requests_locked(takes_requests(by_application));
+      const bool did = accept_requests_locked(by_application);
       if (did) wake_sleepers_locked();
       return did;
     }

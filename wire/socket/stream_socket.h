@@ -137,9 +137,10 @@ class StreamSocket {
   int ready_for_data_locked(std::unique_lock<std::mutex> &lock, int flags);
   void keepalive_tick_locked();
   // by_application: a call of the application's (not the background thread);
-  // only such a pass takes requests off an accept-on-demand listener.
+  // only such a pass takes requests off an accept-on-demand listener, one at
+  // a time.
   bool progress_locked(bool by_application = true, int quiet_fd = -1);
-  bool accept_requests_locked(bool take_new);
+  bool accept_requests_locked(bool by_application);
   bool takes_requests(bool by_application) const;
   // Counts this socket among the process's connects under way (or not).
   void count_connect_locked(bool on);
