@@ -183,8 +183,12 @@ struct RdmListenerCore {
   // Refuse what arrived but was not handed out, giving clients a moment to
   // make room; then drop what is still pending.
   void refuse_unhandled_locked();
-  // The Listener object is going: no new connections (the rendezvous goes at
-  // once), but requests already handed out keep the endpoint for their answers.
+  // Sends what is pending for a moment (reading the CQ meanwhile when
+  // read_cq), then drops the rest.
+  void finish_pending_locked(bool read_cq);
+  // The Listener object is going: what waits is refused, then no new
+  // connections (the rendezvous goes), but requests already handed out keep
+  // the endpoint for their answers.
   void shutdown();
 };
 

@@ -186,8 +186,12 @@ void RdmListenerCore::refuse_unhandled_locked() {
     if (insert_peer(shared, msg.name, msg.pid, domain->ringer(), &peer) == 0)
       send_reject_locked(std::move(peer), msg.nonce);
   });
+  finish_pending_locked(/*read_cq=*/true);
+}
+
+void RdmListenerCore::finish_pending_locked(bool read_cq) {
   for (int spin = 0; spin < 200 && !pending.empty(); ++spin) {
-    (void)fi_cq_read(shared->cq, nullptr, 0);
+    if (read_cq) (void)fi_cq_read(shared->cq, nullptr, 0);
     flush_pending_locked();
     if (!pending.empty()) usleep(50);
   }
@@ -196,20 +200,25 @@ void RdmListenerCore::refuse_unhandled_locked() {
   pending_count.store(0, std::memory_order_relaxed);
 }
 
+// Refuses what waits first, while the rendezvous and the bell still say the
+// listener is there, and reads its CQ never again. A client sees the closed
+// bell or the rendezvous gone, gives up, and closes its endpoint, which
+// unlinks its region; shm 1.17 reading that client's name exchange afterwards
+// (smr_progress_connreq) maps nothing and dereferences a null region: the
+// listener's process crashed at exit (one-connection workers, 1 in 8).
 void RdmListenerCore::shutdown() {
   std::lock_guard<std::mutex> lock(mu);
   if (closed) return;
   closed = true;
+  if (shared && shared->ep != nullptr) refuse_unhandled_locked();
   if (rendezvous_fd >= 0) {
     shm_unlink(rendezvous.c_str());
     close(rendezvous_fd);  // releases the lock
     rendezvous_fd = -1;
   }
-  if (!shared || shared->ep == nullptr) return;
-  // `closed` on the bell first: a client whose REQ lands after the drain
-  // below sees it before it sleeps (and the rendezvous gone), so it gives up.
-  shared->bell.close_for_good(domain->ringer());
-  refuse_unhandled_locked();
+  // A REQ that lands from here on is never read: its client sees the bell
+  // closed (or the rendezvous gone) and gives up.
+  if (shared && shared->ep != nullptr) shared->bell.close_for_good(domain->ringer());
 }
 
 RdmListenerCore::~RdmListenerCore() {
@@ -220,7 +229,10 @@ RdmListenerCore::~RdmListenerCore() {
   }
   if (shared && shared->ep != nullptr) {
     std::lock_guard<std::mutex> lock(mu);
-    refuse_unhandled_locked();
+    // After shutdown() only the answers to requests handed out remain; the CQ
+    // is not read (see shutdown()).
+    if (closed) finish_pending_locked(/*read_cq=*/false);
+    else refuse_unhandled_locked();
   }
   retire_shared(shared, domain->ringer());
 }
