@@ -14,6 +14,11 @@
  *                      served in all; the master only waits
  *       daemon         daemonize (fork, setsid, fork; the parents exit), the
  *                      daemon accepts CONNS; its pid goes to $PIDFILE
+ *       once           WORKERS workers that each accept one connection with a
+ *                      blocking accept, serve it and exit; the master forks
+ *                      a new one for each that exits until CONNS were served
+ *                      (apache2's MaxConnectionsPerChild 1: a worker must not
+ *                      take connections it will not serve)
  *     Every connection: once the client has sent its first bytes the server
  *     sends "pid N\n", then echoes to EOF.
  *     Exit status: the number of failed checks (workers report theirs).
@@ -271,6 +276,27 @@ static int run_server(const char *mode, int port, int conns, int workers) {
     CHECK(total == conns, "the workers served all %d connections", conns);
     for (int i = 0; i < workers; ++i) kill(pids[i], SIGTERM);
     reap(pids, workers);
+  } else if (!strcmp(mode, "once")) {
+    int alive = 0, started = 0, served = 0, failed = 0;
+    while (served + failed < conns) {
+      for (; alive < workers && started < conns; ++alive, ++started) {
+        pid_t p = fork();
+        if (p == 0) {
+          failures = 0; /* the master's count is not the worker's */
+          exit(accept_serially(lfd, 1, "once") == 1 ? failures : failures + 1);
+        }
+        if (p < 0) break;
+      }
+      int st = 0;
+      const pid_t p = wait(&st);
+      if (p < 0) break;
+      --alive;
+      const int clean = WIFEXITED(st) && WEXITSTATUS(st) == 0;
+      CHECK(clean, "once: worker %d exited cleanly (wait status 0x%x)", (int)p, st);
+      if (clean) ++served;
+      else ++failed;
+    }
+    CHECK(served == conns, "%d one-connection workers served all %d connections (%d failed)", started, conns, failed);
   } else if (!strcmp(mode, "daemon")) {
     if (fork() > 0) _exit(0); /* the parent returns to the shell at once */
     setsid();

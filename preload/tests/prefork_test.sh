@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Listeners shared by the processes of a server (prefork_probe.c): the master
 # accepts while a child works, one worker accepts, workers wait on the
-# listener with epoll, poll or select, a daemon (fork, setsid, fork) accepts.
+# listener with epoll, poll or select, a daemon (fork, setsid, fork) accepts,
+# workers that serve one connection each and exit (none may take more).
 # Every connection's bytes are compared and the process that served it is
 # named; accepted sockets must be gpusock sockets. Both ends under the shim.
 #   prefork_test.sh TRANSPORT PORT
@@ -52,7 +53,7 @@ retry_case() {
   echo "known issue: $1 over $GPUSOCK_TRANSPORT failed once ($((GS_FAILS - before)) checks); running it again"
   GS_FAILS=$before
   next=$PORT
-  PORT=$((PORT + 5))  # the six cases use 6 ports; a rerun takes the next six
+  PORT=$((PORT + 10))  # the seven cases use 7 ports; a rerun takes ones 10 higher
   server_case "$@"
   PORT=$next
 }
@@ -63,4 +64,6 @@ retry_case epoll epoll 3
 retry_case poll poll 2
 retry_case select select 2
 retry_case daemon daemon
+retry_case once once 3
+check "once: every connection served by its own worker" grep -q "served by $CONNS process(es)" "$W/once.client"
 finish
