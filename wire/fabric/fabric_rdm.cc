@@ -7,6 +7,7 @@
 //   fabric_rdm_peers.cc     control messages, addresses, the in-process registry, AV entries
 //   fabric_rdm_listener.cc  listen(), the rendezvous, REQ in, ACK/REJECT out
 //   fabric_rdm_endpoint.cc  connection endpoints: handshake, data, dead peers, waiting
+//   fabric_rdm_parking.cc   closed endpoints kept until their peer read their introduction
 //   shm_names.{h,cc}        names in /dev/shm, and sweeping what dead processes left
 //   shm_region.{h,cc}       the head of shm's region, as far as gpusock reads it
 //   shm_watchdog.{h,cc}     dead peers and the region locks they leave held
@@ -123,6 +124,7 @@ namespace gpusock::wire::fabric {
 namespace rdm {
 
 RdmDomain::~RdmDomain() {
+  close_parked_for_good();
   if (ringer_ >= 0) close(ringer_);
 }
 
@@ -140,6 +142,7 @@ gs_status_t RdmDomain::open(std::string *error) {
 }
 
 gs_status_t RdmDomain::open_shared(std::shared_ptr<RdmShared> *out) {
+  (void)parked_count();  // closes those settled
   auto shared = std::make_shared<RdmShared>();
   shared->name = shm::new_endpoint_name(nullptr);
   int ret = fi_endpoint(domain_, info_.get(), &shared->ep, nullptr);

@@ -27,7 +27,8 @@ constexpr int kConnCtrlBufs = 4;
 constexpr int kListenerCtrlBufs = 32;
 constexpr uint64_t kLivenessIntervalMs = 10;
 
-enum CtrlType : uint16_t { kReq = 1, kAccept = 2, kReject = 3, kBye = 4, kAck = 5 };
+// kProbe is ignored by every receiver (fabric_rdm_parking.cc sends it).
+enum CtrlType : uint16_t { kReq = 1, kAccept = 2, kReject = 3, kBye = 4, kAck = 5, kProbe = 6 };
 
 struct CtrlMsg {
   uint32_t magic;
@@ -113,6 +114,17 @@ gs_status_t insert_peer(const std::shared_ptr<RdmShared> &self, const char *name
 // (256 slots) and unmaps a cross-process peer's region.
 void remove_peer(fid_av *av, PeerRef *ref);
 
+// An endpoint gone from its owner whose name exchange a live peer may not have
+// read yet (fabric_rdm_parking.cc): its fids stay open until it has.
+struct ParkedEndpoint {
+  std::shared_ptr<RdmShared> shared;
+  PeerRef peer;           // in shared's AV
+  std::string peer_name;  // the peer's endpoint
+  // Has the peer read our name exchange, or can it never (its endpoint or
+  // process gone)? Then closing unlinks nothing it will read.
+  bool settled() const;
+};
+
 class RdmDomain final : public FabricDomainBase {
  public:
   explicit RdmDomain(const ProviderAttr &attr) : FabricDomainBase(attr) {}
@@ -136,8 +148,18 @@ class RdmDomain final : public FabricDomainBase {
   // The socket every endpoint of the domain rings peers' bells from.
   int ringer() const { return ringer_; }
 
+  // Keeps a retired endpoint's fids until its peer has read its name exchange
+  // (at most kMaxParked; the oldest is closed first). Those settled are closed
+  // here and whenever the domain opens an endpoint.
+  void park(ParkedEndpoint &&endpoint);
+  size_t parked_count();
+  void close_parked_for_good();  // the domain is going
+
  private:
+  void close_settled_locked();
   int ringer_ = -1;
+  std::mutex parked_mu_;
+  std::deque<ParkedEndpoint> parked_;
   shm::ShmWatchdog watchdog_;  // destroyed (joined) before the fabric objects
 };
 
@@ -148,6 +170,7 @@ struct RdmListenerCore {
   // AV entry (removed once sent); an ACK borrows its request's, and its bell.
   struct PendingCtrl {
     PeerRef owned;
+    std::string owned_name;  // its endpoint: parked for if still unread at the end
     fi_addr_t addr = FI_ADDR_NOTAVAIL;
     const shm::PeerBell *borrowed_bell = nullptr;
     CtrlMsg msg;
@@ -173,7 +196,7 @@ struct RdmListenerCore {
   }
   // All with mu held.
   void send_locked(PendingCtrl &&entry);
-  void send_reject_locked(PeerRef &&peer, uint64_t nonce);
+  void send_reject_locked(PeerRef &&peer, const char *peer_name, uint64_t nonce);
   void send_ack_locked(fi_addr_t addr, const shm::PeerBell *bell, uint64_t nonce);
   void drop_pending_ack_locked(uint64_t nonce);
   void flush_pending_locked();
@@ -181,11 +204,11 @@ struct RdmListenerCore {
   template <class F>
   void drain_locked(F &&on_request);
   // Refuse what arrived but was not handed out, giving clients a moment to
-  // make room; then drop what is still pending.
+  // make room.
   void refuse_unhandled_locked();
   // Sends what is pending for a moment (reading the CQ meanwhile when
-  // read_cq), then drops the rest.
-  void finish_pending_locked(bool read_cq);
+  // read_cq); the rest stays pending, for the destructor to park.
+  void flush_for_a_moment_locked(bool read_cq);
   // The Listener object is going: what waits is refused, then no new
   // connections (the rendezvous goes), but requests already handed out keep
   // the endpoint for their answers.

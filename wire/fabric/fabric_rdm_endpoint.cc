@@ -52,6 +52,7 @@ gs_status_t RdmEndpoint::start_accept(RdmConnectionRequest *request, const void 
 }
 
 RdmEndpoint::~RdmEndpoint() {
+  PeerRef *unread_by = nullptr;  // the peer to park for (fabric_rdm_parking.cc)
   if (shared_ && shared_->ep != nullptr) {
     if (state_ == State::kEstablished) {
       disconnect();
@@ -62,7 +63,7 @@ RdmEndpoint::~RdmEndpoint() {
       std::lock_guard<std::mutex> lock(origin_->mu);
       PeerRef client;
       if (insert_peer(origin_->shared, peer_name_.c_str(), peer_pid_, domain_->ringer(), &client) == 0) {
-        origin_->send_reject_locked(std::move(client), nonce_);
+        origin_->send_reject_locked(std::move(client), peer_name_.c_str(), nonce_);
       }
     }
     // A BYE (or REJECT) the peer has not made room for yet: give it a moment.
@@ -71,8 +72,11 @@ RdmEndpoint::~RdmEndpoint() {
       flush_ctrl();
       if (ctrl_pending_) usleep(50);
     }
-    remove_peer(shared_->av, &peer_);
-    remove_peer(shared_->av, &listener_);
+    // In-process peers are kept mapped by their pins; a dead one reads nothing.
+    unread_by = unread_by_ == &peer_ ? &peer_ : unread_by_ == &listener_ ? &listener_ : nullptr;
+    if (unread_by != nullptr && (unread_by->pin || peer_dead() || !unread_by->valid())) unread_by = nullptr;
+    for (PeerRef *ref : {&peer_, &listener_})
+      if (ref != unread_by) remove_peer(shared_->av, ref);
   }
   // A killed peer cannot unlink its endpoint's files; its connected peer
   // does, also when the connection ended (a failed write, a reset) before
@@ -81,6 +85,10 @@ RdmEndpoint::~RdmEndpoint() {
     shm::unlink_endpoint_files(peer_name_);
   unwatch();
   retire_shared(shared_, domain_->ringer());
+  if (unread_by != nullptr) {
+    std::string name = unread_by == &peer_ ? peer_name_ : listener_name_;
+    domain_->park(ParkedEndpoint{std::move(shared_), std::move(*unread_by), std::move(name)});
+  }
 }
 
 void RdmEndpoint::fail_connect(int status) {
@@ -88,7 +96,9 @@ void RdmEndpoint::fail_connect(int status) {
   state_ = State::kClosed;
   ctrl_pending_ = false;
   unwatch();
-  if (shared_) remove_peer(shared_->av, &listener_);
+  // Kept while the listener may not have read our name exchange: the
+  // endpoint is parked for it when it goes.
+  if (shared_ && unread_by_ != &listener_) remove_peer(shared_->av, &listener_);
 }
 
 gs_status_t RdmEndpoint::connect(const sockaddr *addr, socklen_t len, const void *private_data, uint32_t private_len) {
@@ -161,8 +171,10 @@ void RdmEndpoint::flush_ctrl() {
   pending_dest_->bell.wake_if_armed();
   if (ret == -FI_EAGAIN) {  // the peer has to progress first: it rings back (arm_wait)
     send_blocked_ = true;
+    unread_by_ = pending_dest_;
     return;
   }
+  if (unread_by_ == pending_dest_) unread_by_ = nullptr;
   ctrl_pending_ = false;
   send_blocked_ = tx_blocked_;
   if (ret != 0) {

@@ -119,6 +119,9 @@ class RdmEndpoint final : public FabricEndpointBase {
   bool ctrl_pending_ = false;
   CtrlMsg pending_msg_;
   const PeerRef *pending_dest_ = nullptr;  // &listener_ or &peer_
+  // The last control message to it met -FI_EAGAIN: it may not have read our
+  // name exchange, and this endpoint is parked for it when it goes.
+  const PeerRef *unread_by_ = nullptr;
   PeerRef peer_;
   PeerRef listener_;
   std::string listener_rendezvous_;

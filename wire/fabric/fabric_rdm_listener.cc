@@ -110,10 +110,11 @@ void RdmListenerCore::send_locked(PendingCtrl &&entry) {
   pending_count.store(pending.size(), std::memory_order_relaxed);
 }
 
-void RdmListenerCore::send_reject_locked(PeerRef &&peer, uint64_t nonce) {
+void RdmListenerCore::send_reject_locked(PeerRef &&peer, const char *peer_name, uint64_t nonce) {
   PendingCtrl entry;
   entry.addr = peer.addr;
   entry.owned = std::move(peer);
+  entry.owned_name = peer_name;
   entry.msg = make_ctrl(kReject, nonce, shared->name);
   send_locked(std::move(entry));
 }
@@ -184,20 +185,17 @@ void RdmListenerCore::refuse_unhandled_locked() {
   drain_locked([this](const CtrlMsg &msg) {
     PeerRef peer;
     if (insert_peer(shared, msg.name, msg.pid, domain->ringer(), &peer) == 0)
-      send_reject_locked(std::move(peer), msg.nonce);
+      send_reject_locked(std::move(peer), msg.name, msg.nonce);
   });
-  finish_pending_locked(/*read_cq=*/true);
+  flush_for_a_moment_locked(/*read_cq=*/true);
 }
 
-void RdmListenerCore::finish_pending_locked(bool read_cq) {
+void RdmListenerCore::flush_for_a_moment_locked(bool read_cq) {
   for (int spin = 0; spin < 200 && !pending.empty(); ++spin) {
     if (read_cq) (void)fi_cq_read(shared->cq, nullptr, 0);
     flush_pending_locked();
     if (!pending.empty()) usleep(50);
   }
-  for (auto &entry : pending) remove_peer(shared->av, &entry.owned);
-  pending.clear();
-  pending_count.store(0, std::memory_order_relaxed);
 }
 
 // Refuses what waits first, while the rendezvous and the bell still say the
@@ -227,14 +225,26 @@ RdmListenerCore::~RdmListenerCore() {
     shm_unlink(rendezvous.c_str());
     close(rendezvous_fd);
   }
+  std::deque<PendingCtrl> unsent;
   if (shared && shared->ep != nullptr) {
     std::lock_guard<std::mutex> lock(mu);
     // After shutdown() only the answers to requests handed out remain; the CQ
     // is not read (see shutdown()).
-    if (closed) finish_pending_locked(/*read_cq=*/false);
+    if (closed) flush_for_a_moment_locked(/*read_cq=*/false);
     else refuse_unhandled_locked();
+    unsent.swap(pending);
+    pending_count.store(0, std::memory_order_relaxed);
   }
   retire_shared(shared, domain->ringer());
+  // A REJECT still unsent: its client may not have read our name exchange
+  // (fabric_rdm_parking.cc).
+  for (PendingCtrl &entry : unsent) {
+    if (entry.owned.valid() && !entry.owned.pin && !entry.owned_name.empty()) {
+      domain->park(ParkedEndpoint{shared, std::move(entry.owned), std::move(entry.owned_name)});
+    } else {
+      remove_peer(shared->av, &entry.owned);
+    }
+  }
 }
 
 // --- connection request ------------------------------------------------------
@@ -244,7 +254,7 @@ RdmConnectionRequest::~RdmConnectionRequest() {
   core_->drop_pending_ack_locked(msg_.nonce);
   if (!answered_ && client_.valid()) {
     answered_ = true;
-    core_->send_reject_locked(std::move(client_), msg_.nonce);
+    core_->send_reject_locked(std::move(client_), msg_.name, msg_.nonce);
   }
   remove_peer(core_->shared->av, &client_);
 }
@@ -253,7 +263,7 @@ void RdmConnectionRequest::reject() {
   std::lock_guard<std::mutex> lock(core_->mu);
   if (answered_ || !client_.valid()) return;
   answered_ = true;
-  core_->send_reject_locked(std::move(client_), msg_.nonce);
+  core_->send_reject_locked(std::move(client_), msg_.name, msg_.nonce);
 }
 
 // --- listen ------------------------------------------------------------------

@@ -179,3 +179,47 @@ TEST(SocketServer, AcceptOnDemandTakesOneRequestPerAccept) {
   for (int fd : {said[0], said[1], go[0], go[1]}) close(fd);
   gs_close(lfd);
 }
+
+// A client that gives up on a connect the listener has not read yet (it
+// closes the socket and lives on) must not hurt the listener: over fabric:shm
+// its endpoint stays open until the listener has read its introduction (shm
+// 1.17 crashed the listener's process when it read that of an endpoint already
+// closed). The listener then serves the next client.
+TEST(SocketServer, AcceptOnDemandSurvivesClientsThatGaveUp) {
+  sockaddr_in a{};
+  const int lfd = on_demand_listener(1, &a);
+  ASSERT_GE(lfd, 0) << gs_last_error();
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    for (int i = 0; i < 3; ++i) {
+      const int c = gs_socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+      const int rc = gs_connect(c, reinterpret_cast<sockaddr *>(&a), sizeof a);
+      if (rc != 0 && rc != -EINPROGRESS) _exit(2);
+      usleep(20000);
+      gs_close(c);  // unanswered: the listener's process does not accept yet
+    }
+    usleep(600000);  // alive while the listener reads what they left
+    _exit(0);
+  }
+  usleep(300000);
+  pollfd p{lfd, POLLIN, 0};
+  EXPECT_GE(gs_poll(&p, 1, 200), 0);
+  const int c = gs_socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_EQ(gs_connect(c, reinterpret_cast<sockaddr *>(&a), sizeof a), 0) << gs_last_error();
+  ASSERT_EQ(gs_send(c, "hi", 2, 0), 2);
+  bool served = false;
+  for (int tries = 0; tries < 4 && !served; ++tries) {  // over tcp a given-up one may come first, dead
+    const int s = gs_accept(lfd, nullptr, nullptr);
+    ASSERT_GE(s, 0) << gs_status_name(s);
+    uint8_t got[2] = {};
+    served = recv_all(s, got, 2) && std::memcmp(got, "hi", 2) == 0;
+    gs_close(s);
+  }
+  EXPECT_TRUE(served);
+  int status = -1;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  gs_close(c);
+  gs_close(lfd);
+}
