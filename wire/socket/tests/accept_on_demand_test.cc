@@ -20,6 +20,8 @@ namespace {
 
 using namespace gpusock::test;  // free_port, recv_all, test_address
 
+// A listener on a free port with GS_ACCEPT_ON_DEMAND `on` (backlog 8); -1
+// if a step fails.
 int on_demand_listener(int on, sockaddr_in *a) {
   const int lfd = gs_socket(AF_INET, SOCK_STREAM, 0);
   if (lfd < 0) return lfd;
@@ -42,17 +44,13 @@ int on_demand_listener(int on, sockaddr_in *a) {
 TEST(SocketServer, AcceptOnDemandLeavesRequestsUntilAsked) {
   for (const int on_demand : {0, 1}) {
     SCOPED_TRACE(on_demand ? "on demand" : "default");
-    const int port = free_port();
-    const int lfd = gs_socket(AF_INET, SOCK_STREAM, 0);
-    ASSERT_GE(lfd, 0);
-    ASSERT_EQ(gs_setsockopt(lfd, SOL_GPUSOCK, GS_ACCEPT_ON_DEMAND, &on_demand, sizeof on_demand), 0);
+    sockaddr_in a{};
+    const int lfd = on_demand_listener(on_demand, &a);
+    ASSERT_GE(lfd, 0) << gs_last_error();
     int v = -1;
     socklen_t len = sizeof v;
     ASSERT_EQ(gs_getsockopt(lfd, SOL_GPUSOCK, GS_ACCEPT_ON_DEMAND, &v, &len), 0);
     EXPECT_EQ(v, on_demand);
-    sockaddr_in a = test_address(port);
-    ASSERT_EQ(gs_bind(lfd, reinterpret_cast<sockaddr *>(&a), sizeof a), 0);
-    ASSERT_EQ(gs_listen(lfd, 8), 0);
 
     int said[2], go[2];
     ASSERT_EQ(pipe(said), 0);
@@ -93,14 +91,9 @@ TEST(SocketServer, AcceptOnDemandLeavesRequestsUntilAsked) {
 // In the listener's own process a connect under way lets an accept-on-demand
 // listener take requests: a program may connect to itself before it accepts.
 TEST(SocketServer, AcceptOnDemandStillServesItsOwnProcess) {
-  const int port = free_port();
-  const int lfd = gs_socket(AF_INET, SOCK_STREAM, 0);
-  ASSERT_GE(lfd, 0);
-  const int on = 1;
-  ASSERT_EQ(gs_setsockopt(lfd, SOL_GPUSOCK, GS_ACCEPT_ON_DEMAND, &on, sizeof on), 0);
-  sockaddr_in a = test_address(port);
-  ASSERT_EQ(gs_bind(lfd, reinterpret_cast<sockaddr *>(&a), sizeof a), 0);
-  ASSERT_EQ(gs_listen(lfd, 8), 0);
+  sockaddr_in a{};
+  const int lfd = on_demand_listener(1, &a);
+  ASSERT_GE(lfd, 0) << gs_last_error();
   const int c = gs_socket(AF_INET, SOCK_STREAM, 0);
   ASSERT_GE(c, 0);
   ASSERT_EQ(gs_connect(c, reinterpret_cast<sockaddr *>(&a), sizeof a), 0);  // blocking, before any accept
