@@ -142,7 +142,7 @@ gs_status_t RdmDomain::open(std::string *error) {
 }
 
 gs_status_t RdmDomain::open_shared(std::shared_ptr<RdmShared> *out) {
-  (void)parked_count();  // closes those settled
+  close_settled_parked();
   auto shared = std::make_shared<RdmShared>();
   shared->name = shm::new_endpoint_name(nullptr);
   int ret = fi_endpoint(domain_, info_.get(), &shared->ep, nullptr);

@@ -149,10 +149,11 @@ class RdmDomain final : public FabricDomainBase {
   int ringer() const { return ringer_; }
 
   // Keeps a retired endpoint's fids until its peer has read its name exchange
-  // (at most kMaxParked; the oldest is closed first). Those settled are closed
-  // here and whenever the domain opens an endpoint.
+  // (at most kMaxParked; the oldest is closed first); closes them at once when
+  // there is nothing to wait for (no peer, or one in this process). Those
+  // settled are closed here and whenever the domain opens an endpoint.
   void park(ParkedEndpoint &&endpoint);
-  size_t parked_count();
+  void close_settled_parked();
   void close_parked_for_good();  // the domain is going
 
  private:

@@ -72,9 +72,9 @@ RdmEndpoint::~RdmEndpoint() {
       flush_ctrl();
       if (ctrl_pending_) usleep(50);
     }
-    // In-process peers are kept mapped by their pins; a dead one reads nothing.
+    // A dead peer reads nothing (and gets no provider call again).
     unread_by = unread_by_ == &peer_ ? &peer_ : unread_by_ == &listener_ ? &listener_ : nullptr;
-    if (unread_by != nullptr && (unread_by->pin || peer_dead() || !unread_by->valid())) unread_by = nullptr;
+    if (peer_dead()) unread_by = nullptr;
     for (PeerRef *ref : {&peer_, &listener_})
       if (ref != unread_by) remove_peer(shared_->av, ref);
   }

@@ -238,13 +238,8 @@ RdmListenerCore::~RdmListenerCore() {
   retire_shared(shared, domain->ringer());
   // A REJECT still unsent: its client may not have read our name exchange
   // (fabric_rdm_parking.cc).
-  for (PendingCtrl &entry : unsent) {
-    if (entry.owned.valid() && !entry.owned.pin && !entry.owned_name.empty()) {
-      domain->park(ParkedEndpoint{shared, std::move(entry.owned), std::move(entry.owned_name)});
-    } else {
-      remove_peer(shared->av, &entry.owned);
-    }
-  }
+  for (PendingCtrl &entry : unsent)
+    domain->park(ParkedEndpoint{shared, std::move(entry.owned), std::move(entry.owned_name)});
 }
 
 // --- connection request ------------------------------------------------------

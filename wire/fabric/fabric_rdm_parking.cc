@@ -40,6 +40,12 @@ bool ParkedEndpoint::settled() const {
 }
 
 void RdmDomain::park(ParkedEndpoint &&endpoint) {
+  // An in-process peer keeps our region mapped by its pin (fabric_rdm.cc,
+  // "Peers in the same process"); no peer, nothing to wait for.
+  if (!endpoint.peer.valid() || endpoint.peer.pin) {
+    close_parked(&endpoint);
+    return;
+  }
   std::lock_guard<std::mutex> lock(parked_mu_);
   parked_.push_back(std::move(endpoint));
   close_settled_locked();
@@ -49,10 +55,9 @@ void RdmDomain::park(ParkedEndpoint &&endpoint) {
   }
 }
 
-size_t RdmDomain::parked_count() {
+void RdmDomain::close_settled_parked() {
   std::lock_guard<std::mutex> lock(parked_mu_);
   close_settled_locked();
-  return parked_.size();
 }
 
 void RdmDomain::close_settled_locked() {
