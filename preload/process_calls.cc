@@ -1,11 +1,15 @@
 // Top layer: the process-wide calls. The library's constructor; sigaction,
 // signal, bsd_signal and sysv_signal (handlers are wrapped, signals.h); fork
 // (relays, fork.h); the exec family (gpusock sockets are closed in order
-// first, fork.h); fopen of /proc/kallsyms by libfabric.
+// first, fork.h); fopen of /proc/kallsyms by libfabric; pthread_spin_lock
+// (libgpusock's, which libc would otherwise precede for libfabric's calls).
 #include "preload/config.h"
 #include "preload/fork.h"
 #include "preload/signals.h"
 
+#include <gpusock/socket.h>
+
+#include <pthread.h>
 #include <stdarg.h>
 #include <unistd.h>
 
@@ -20,6 +24,10 @@ __attribute__((constructor)) static void gpusock_preload_init() {
   init_config();
   restore_hijacked_signals();
 }
+
+// ------------------------------------------------------------------ spin locks
+
+GS_EXPORT int pthread_spin_lock(pthread_spinlock_t *lock) { return gs_spin_lock(lock); }
 
 // ------------------------------------------------------------------ signals
 

@@ -18,6 +18,7 @@
 #include <gpusock/status.h>
 
 #include <poll.h>
+#include <pthread.h>
 #include <stddef.h>
 #include <sys/socket.h>
 #include <sys/types.h>
@@ -99,6 +100,12 @@ void gs_spin_record(long waited_us);
  * when another thread ran on it meanwhile -- more runnable threads than
  * cores: stop spinning and sleep now (the next spins are shorter). */
 int gs_spin_yield(void);
+/* pthread_spin_lock as gpusock's libraries define it for the process: spins
+ * for a few microseconds, then yields its core, then naps, so that a holder
+ * that was preempted runs (libfabric's shm guards its shared regions with
+ * spin locks). libgpusock.so exports pthread_spin_lock itself; a preloaded
+ * shim, which libc precedes in the lookup order, forwards its own here. */
+int gs_spin_lock(pthread_spinlock_t *lock);
 
 int gs_getpeername(int socket, struct sockaddr *addr, socklen_t *addrlen);
 int gs_getsockname(int socket, struct sockaddr *addr, socklen_t *addrlen);

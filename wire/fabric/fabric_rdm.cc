@@ -114,6 +114,7 @@
 // process-wide list until the provider unloads. Each endpoint has one file
 // descriptor (its bell).
 #include "wire/fabric/fabric_rdm.h"
+#include "wire/spin_lock.h"
 
 #include <unistd.h>
 
@@ -137,6 +138,7 @@ gs_status_t RdmDomain::open(std::string *error) {
     if (error != nullptr) *error = std::string("gpusock: fabric:shm: no socket for bells: ") + std::strerror(err);
     return -err;
   }
+  wire::note_spin_lock_use();  // shm's region locks (spin_lock.h)
   shm::sweep_stale_files_once();  // what killed processes left in /dev/shm (shm_names.h)
   return 0;
 }

@@ -1,4 +1,5 @@
 #include "wire/fabric/shm_region.h"
+#include "wire/spin_lock.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -8,20 +9,6 @@
 #include <cstring>
 
 namespace gpusock::wire::fabric::shm {
-namespace {
-
-int spin_unlocked_value() {
-  static const int value = [] {
-    pthread_spinlock_t lock;
-    pthread_spin_init(&lock, PTHREAD_PROCESS_SHARED);
-    const int v = static_cast<int>(lock);
-    pthread_spin_destroy(&lock);
-    return v;
-  }();
-  return value;
-}
-
-}  // namespace
 
 bool read_region_head(int fd, const std::string &name, ShmRegionHead *head, size_t *file_size) {
   struct stat st {};
@@ -67,9 +54,9 @@ bool RegionLock::open(const std::string &name) {
   return true;
 }
 
-bool RegionLock::held() const { return __atomic_load_n(lock_, __ATOMIC_ACQUIRE) != spin_unlocked_value(); }
+bool RegionLock::held() const { return __atomic_load_n(lock_, __ATOMIC_ACQUIRE) != spin_lock_free_value(); }
 
-void RegionLock::release() { __atomic_store_n(lock_, spin_unlocked_value(), __ATOMIC_RELEASE); }
+void RegionLock::release() { __atomic_store_n(lock_, spin_lock_free_value(), __ATOMIC_RELEASE); }
 
 void RegionLock::drop_pending_commands() {
   if (queue_ != nullptr) {

@@ -4,6 +4,7 @@
 
 #include "wire/socket/engine.h"
 #include "wire/socket/waiting.h"
+#include "wire/spin_lock.h"
 
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -328,6 +329,7 @@ void gs_wait_end(const struct pollfd *fds, nfds_t nfds) {
 long gs_spin_budget_us(void) { return static_cast<long>(gpusock::socket::SpinBudget::next_us()); }
 void gs_spin_record(long waited_us) { gpusock::socket::SpinBudget::record(waited_us); }
 int gs_spin_yield(void) { return gpusock::socket::SpinBudget::yield_core() ? 0 : 1; }
+int gs_spin_lock(pthread_spinlock_t *lock) { return gpusock::wire::yielding_spin_lock(lock); }
 
 int gs_poll(struct pollfd *fds, nfds_t nfds, int timeout) {
   return guarded([&]() -> int {

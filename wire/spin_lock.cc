@@ -1,0 +1,149 @@
+// pthread_spin_lock for the whole process, defined here so that libfabric's
+// calls resolve to it: libgpusock.so and the proxy's programs export it; the
+// shim, which libc precedes in the lookup order of a preloaded program's
+// libraries, exports one that forwards here (gs_spin_lock).
+//
+// Why. libfabric's shm provider guards every endpoint's region in shared
+// memory with a pthread spin lock: the owner takes it to progress, every peer
+// to enqueue a command or a response. glibc's pthread_spin_lock spins until
+// it gets the lock. When the holder is preempted (more runnable threads than
+// cores: a client with a thread per connection, a server's workers beside
+// it), each thread that wants that region spins out its time slice waiting
+// for a thread that cannot run, and a server worker stuck so stalls all its
+// connections: requests per second collapse and the tail grows to
+// milliseconds. Here a waiter spins as glibc does for a few microseconds (a
+// running holder lets go within them), then yields its core, then naps, so
+// that the scheduler runs (or migrates) the holder.
+//
+// The lock word is glibc's: taken by its pthread_spin_trylock, released by
+// its pthread_spin_unlock, and free when it holds what pthread_spin_init
+// stores (1 on x86-64, where glibc counts down; 0 elsewhere), so locks taken
+// here and by glibc's own calls mix freely.
+// GPUSOCK_SPIN_LOCK_YIELD=0 keeps glibc's plain spinning.
+#include "wire/spin_lock.h"
+
+#include <dlfcn.h>
+#include <sched.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+namespace gpusock::wire {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::atomic<uint64_t> g_contended{0}, g_yields{0}, g_naps{0};
+
+inline void relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+bool yield_enabled() {
+  static const bool enabled = [] {
+    const char *v = std::getenv("GPUSOCK_SPIN_LOCK_YIELD");
+    return !(v && std::strcmp(v, "0") == 0);
+  }();
+  return enabled;
+}
+
+inline bool held(pthread_spinlock_t *lock) {
+  return __atomic_load_n(reinterpret_cast<volatile int *>(lock), __ATOMIC_RELAXED) != spin_lock_free_value();
+}
+
+// How long a waiter spins before yielding, and yields before napping: a
+// holder that runs finishes a provider's critical section well within the
+// first; one that does not run needs this core or another to be given up.
+constexpr auto kSpinFor = std::chrono::microseconds(4);
+constexpr auto kYieldFor = std::chrono::microseconds(50);
+constexpr long kNapNs = 20000;
+
+}  // namespace
+
+int spin_lock_free_value() {
+  static const int value = [] {
+    pthread_spinlock_t lock;
+    pthread_spin_init(&lock, PTHREAD_PROCESS_SHARED);
+    const int v = static_cast<int>(lock);
+    pthread_spin_destroy(&lock);
+    return v;
+  }();
+  return value;
+}
+
+int yielding_spin_lock(pthread_spinlock_t *lock) {
+  if (pthread_spin_trylock(lock) == 0) return 0;
+  g_contended.fetch_add(1, std::memory_order_relaxed);
+  if (!yield_enabled()) {
+    for (;;) {
+      while (held(lock)) relax();
+      if (pthread_spin_trylock(lock) == 0) return 0;
+    }
+  }
+  const auto start = Clock::now();
+  for (unsigned step = 1;; ++step) {
+    if (!held(lock) && pthread_spin_trylock(lock) == 0) return 0;
+    if (step % 32 != 0) {
+      relax();
+      continue;
+    }
+    const auto waited = Clock::now() - start;
+    if (waited < kSpinFor) {
+      relax();
+    } else if (waited < kYieldFor) {
+      g_yields.fetch_add(1, std::memory_order_relaxed);
+      sched_yield();
+    } else {
+      g_naps.fetch_add(1, std::memory_order_relaxed);
+      const timespec nap{0, kNapNs};
+      nanosleep(&nap, nullptr);
+    }
+  }
+}
+
+SpinLockCounts spin_lock_counts() {
+  return {g_contended.load(std::memory_order_relaxed), g_yields.load(std::memory_order_relaxed),
+          g_naps.load(std::memory_order_relaxed)};
+}
+
+bool spin_lock_interposed() {
+  // What libfabric's own calls bind to: the first definition in the global
+  // scope, which is libc's unless an object before libc defines one.
+  Dl_info info{};
+  void *first = dlsym(RTLD_DEFAULT, "pthread_spin_lock");
+  return first != nullptr && dladdr(first, &info) != 0 && info.dli_fname != nullptr &&
+         std::strstr(info.dli_fname, "libc.so") == nullptr;
+}
+
+void note_spin_lock_use() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    const char *level = std::getenv("GPUSOCK_LOG");
+    if (level == nullptr || *level == '\0' || std::strcmp(level, "0") == 0) return;
+    std::fprintf(stderr, "gpusock[%d]: pthread_spin_lock %s\n", static_cast<int>(getpid()),
+                 spin_lock_interposed() ? "yields to a preempted holder" : "is libc's (plain spinning)");
+    std::atexit([] {
+      const SpinLockCounts c = spin_lock_counts();
+      std::fprintf(stderr, "gpusock[%d]: spin locks: %llu contended, %llu yields, %llu naps\n",
+                   static_cast<int>(getpid()), static_cast<unsigned long long>(c.contended),
+                   static_cast<unsigned long long>(c.yields), static_cast<unsigned long long>(c.naps));
+    });
+  });
+}
+
+}  // namespace gpusock::wire
+
+extern "C" __attribute__((visibility("default"))) int pthread_spin_lock(pthread_spinlock_t *lock) {
+  return gpusock::wire::yielding_spin_lock(lock);
+}
