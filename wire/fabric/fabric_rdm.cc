@@ -72,9 +72,10 @@
 // endpoint number (49152..65535). No kernel port is involved.
 //
 // Dead peers. The handshake carries both pids. A per-domain watchdog thread
-// (shm_watchdog.h) holds a pidfd for every cross-process peer (and for the
-// listener while a client connects); when one becomes readable it marks the
-// connection dead, rings the endpoint's bell, and releases the shm region
+// (shm_watchdog.h) holds a pidfd for every cross-process peer process (one
+// per process, shared by all connections to it, and one for the listener's
+// process while a client connects); when one becomes readable it marks each
+// connection to that process dead, rings the endpoint's bell, and releases the shm region
 // locks the dead process may have held (without that, the next provider call
 // spins forever). poll() looks at that flag (an atomic load) on every call,
 // poll_cm() too: a dead peer gives kDisconnected(-ECONNRESET) (kError before
@@ -112,7 +113,8 @@
 // (creation ~4 ms), so 100 connections in one process cost ~760 MiB of tmpfs
 // for both ends. shm 1.17 also keeps ~300 bytes per endpoint ever created in a
 // process-wide list until the provider unloads. Each endpoint has one file
-// descriptor (its bell).
+// descriptor (its bell); the first 64 peers a process rings also get a
+// socket connected to their bell (shm_bell.h).
 #include "wire/fabric/fabric_rdm.h"
 #include "wire/spin_lock.h"
 

@@ -172,14 +172,24 @@ PeerBell &PeerBell::operator=(PeerBell &&other) noexcept {
   return *this;
 }
 
+namespace {
+std::atomic<int> g_connected_ringers{0};
+}  // namespace
+
+void PeerBell::drop_connected() const {
+  if (connected_ < 0) return;
+  close(connected_);
+  connected_ = -1;
+  g_connected_ringers.fetch_sub(1, std::memory_order_relaxed);
+}
+
 void PeerBell::reset() {
   if (page_ != nullptr) munmap(page_, kBellPageSize);
   if (head_map_ != nullptr) munmap(head_map_, kBellPageSize);
-  if (connected_ >= 0) close(connected_);
+  drop_connected();
   page_ = nullptr;
   head_map_ = nullptr;
   signal_ = nullptr;
-  connected_ = -1;
 }
 
 bool PeerBell::open(const std::string &name, int ringer) {
@@ -215,25 +225,25 @@ int PeerBell::request_ringback(const std::string &our_name) const {
 
 int PeerBell::ring() const {
   if (page_ == nullptr) return -ENOTSUP;
-  if (connected_ < 0) {
+  if (connected_ < 0 && g_connected_ringers.fetch_add(1, std::memory_order_relaxed) < kConnectedRingers) {
     sockaddr_un addr;
     socklen_t addr_len = 0;
     const int sock = open_ringer();
     if (sock >= 0 && make_address(path_, &addr, &addr_len) &&
         connect(sock, reinterpret_cast<sockaddr *>(&addr), addr_len) == 0) {
       connected_ = sock;
-    } else if (sock >= 0) {
-      close(sock);
+    } else {
+      if (sock >= 0) close(sock);
+      g_connected_ringers.fetch_sub(1, std::memory_order_relaxed);
     }
+  } else if (connected_ < 0) {
+    g_connected_ringers.fetch_sub(1, std::memory_order_relaxed);
   }
   int rc = -ENOTCONN;
   if (connected_ >= 0) {
     while ((rc = send(connected_, &kWake, 1, MSG_DONTWAIT | MSG_NOSIGNAL)) < 0 && errno == EINTR) {}
     rc = rc >= 0 ? 0 : -errno;
-    if (rc == -ECONNREFUSED || rc == -ENOTCONN) {  // its bell was made again: by path from now on
-      close(connected_);
-      connected_ = -1;
-    }
+    if (rc == -ECONNREFUSED || rc == -ENOTCONN) drop_connected();  // its bell was made again: by path from now on
   }
   if (connected_ < 0) rc = send_to_bell(ringer_, path_, &kWake, 1);
   return rc == -EAGAIN ? 0 : rc;  // its queue is full: it is readable already

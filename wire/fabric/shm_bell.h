@@ -138,6 +138,8 @@ class Bell {
 // A peer's bell, as its senders see it. Move-only.
 class PeerBell {
  public:
+  static constexpr int kConnectedRingers = 64;
+
   PeerBell() = default;
   PeerBell(const PeerBell &) = delete;
   PeerBell &operator=(const PeerBell &) = delete;
@@ -177,9 +179,13 @@ class PeerBell {
   void *head_map_ = nullptr;
   const int32_t *signal_ = nullptr;  // the peer region's
   std::string path_;
-  // A socket connected to the peer's bell, made at the first ring: a ring is
-  // then one send() (a sendto by path walks the path every time, which costs
-  // a busy server more than the rest of its reply).
+  // A socket connected to the peer's bell, made at the first ring while the
+  // process holds fewer than kConnectedRingers of them: a ring is then one
+  // send() (a sendto by path walks the path every time, which costs a busy
+  // server more than the rest of its reply); beyond them a ring goes by path
+  // from the domain's ringer, so a connection costs two descriptors however
+  // many there are (the socket's number and its bell).
+  void drop_connected() const;
   mutable int connected_ = -1;
   int ringer_ = -1;
 };

@@ -33,8 +33,9 @@ int pidfd_open(pid_t pid) { return static_cast<int>(syscall(SYS_pidfd_open, pid,
 
 }  // namespace
 
-PeerWatch::~PeerWatch() {
-  if (pidfd >= 0) close(pidfd);
+PeerPidfd::~PeerPidfd() {
+  if (in_epoll) epoll_ctl(epfd, EPOLL_CTL_DEL, fd, nullptr);
+  close(fd);
 }
 
 // --- PidWatch --------------------------------------------------------------------
@@ -70,6 +71,8 @@ ShmWatchdog::~ShmWatchdog() {
   }
   wake();
   if (thread_.joinable()) thread_.join();
+  watches_.clear();  // their pidfds leave the epoll set before it closes
+  pidfds_.clear();
   if (epfd_ >= 0) close(epfd_);
   if (wakefd_ >= 0) close(wakefd_);
   if (ringer_ >= 0) close(ringer_);
@@ -79,7 +82,6 @@ std::shared_ptr<PeerWatch> ShmWatchdog::watch_pid(pid_t pid, const std::vector<s
                                                   const std::string &wake_path) {
   auto watch = std::make_shared<PeerWatch>();
   watch->pid = pid;
-  watch->pidfd = pidfd_open(pid);
   watch->wake_path = wake_path;
   add_locks(watch.get(), regions);
   return add(watch) ? watch : nullptr;
@@ -98,9 +100,7 @@ void ShmWatchdog::unwatch(const std::shared_ptr<PeerWatch> &watch) {
   std::lock_guard<std::mutex> lock(mu_);
   for (auto it = watches_.begin(); it != watches_.end(); ++it) {
     if (*it == watch) {
-      if (watch->pidfd >= 0 && !watch->dead.load(std::memory_order_relaxed)) {
-        epoll_ctl(epfd_, EPOLL_CTL_DEL, watch->pidfd, nullptr);
-      }
+      watch->pidfd.reset();  // the last watch of its process closes it
       watches_.erase(it);
       return;
     }
@@ -129,7 +129,7 @@ bool ShmWatchdog::add(const std::shared_ptr<PeerWatch> &watch) {
     if (epfd_ < 0 || wakefd_ < 0 || ringer_ < 0) return false;
     epoll_event ev{};
     ev.events = EPOLLIN;
-    ev.data.ptr = nullptr;
+    ev.data.u64 = 0;  // the wake fd; pidfds have ids from 1
     if (epoll_ctl(epfd_, EPOLL_CTL_ADD, wakefd_, &ev) != 0) return false;
     try {
       thread_ = std::thread([this] { run(); });
@@ -139,22 +139,43 @@ bool ShmWatchdog::add(const std::shared_ptr<PeerWatch> &watch) {
     }
     started_ = true;
   }
-  if (watch->pidfd >= 0) {
-    epoll_event ev{};
-    ev.events = EPOLLIN;
-    ev.data.ptr = watch.get();
-    if (epoll_ctl(epfd_, EPOLL_CTL_ADD, watch->pidfd, &ev) != 0) return false;
-  }
+  if (!watch->stuck_mode) watch->pidfd = pidfd_of(watch->pid);
   watches_.push_back(watch);
-  if (watch->stuck_mode || watch->pidfd < 0) wake();  // switch the thread to ticking
+  if (watch->stuck_mode || !watch->pidfd) wake();  // switch the thread to ticking
   return true;
+}
+
+std::shared_ptr<PeerPidfd> ShmWatchdog::pidfd_of(pid_t pid) {
+  auto &slot = pidfds_[pid];
+  if (auto shared = slot.lock(); shared && shared->in_epoll) return shared;
+  // None yet, or the one there saw its process die: a process now under
+  // that pid is another one.
+  slot.reset();
+  const int fd = pidfd_open(pid);
+  if (fd < 0) return nullptr;
+  auto shared = std::make_shared<PeerPidfd>(fd, epfd_, next_pidfd_id_++);
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = shared->id;
+  if (epoll_ctl(epfd_, EPOLL_CTL_ADD, fd, &ev) != 0) {
+    shared->in_epoll = false;
+    return nullptr;
+  }
+  slot = shared;
+  // Forget processes whose last watch went, now and then.
+  if (pidfds_.size() > 2 * watches_.size() + 16)
+    std::erase_if(pidfds_, [](const auto &entry) { return entry.second.expired(); });
+  return shared;
 }
 
 // With mu_ held. The peer's lock is released at once (a thread of ours may
 // be spinning on it to enqueue); ours only as settle_own_lock says.
 void ShmWatchdog::fire(PeerWatch *watch) {
   if (watch->dead.load(std::memory_order_relaxed)) return;
-  if (watch->pidfd >= 0) epoll_ctl(epfd_, EPOLL_CTL_DEL, watch->pidfd, nullptr);
+  if (watch->pidfd && watch->pidfd->in_epoll) {
+    epoll_ctl(epfd_, EPOLL_CTL_DEL, watch->pidfd->fd, nullptr);
+    watch->pidfd->in_epoll = false;
+  }
   // seq_cst, paired with the endpoint's seq_cst in_provider increment and
   // dead load: either it sees dead and stays out, or we see it inside. The
   // endpoint re-checks `dead` after arming its bell, so ringing after the
@@ -203,7 +224,7 @@ void ShmWatchdog::run() {
         // region (stuck_mode: no pidfd, many peers) ticks fast only while
         // its lock is seen held.
         const bool fast = watch->own_lock_pending ||
-                          (watch->stuck_mode ? watch->held_since_ms != 0 : watch->pidfd < 0 && !watch->dead.load());
+                          (watch->stuck_mode ? watch->held_since_ms != 0 : !watch->pidfd && !watch->dead.load());
         if (fast) tick_ms = kWatchdogTickMs;
         else if (watch->stuck_mode && tick_ms < 0) tick_ms = kStuckIdleTickMs;
       }
@@ -212,13 +233,14 @@ void ShmWatchdog::run() {
     std::lock_guard<std::mutex> lock(mu_);
     if (stop_) return;
     for (int i = 0; i < n; ++i) {
-      if (events[i].data.ptr == nullptr) {
+      if (events[i].data.u64 == 0) {
         uint64_t value;
         (void)!read(wakefd_, &value, sizeof(value));
         continue;
       }
+      // Every connection to the process that died.
       for (const auto &watch : watches_) {
-        if (watch.get() == events[i].data.ptr) fire(watch.get());
+        if (watch->pidfd && watch->pidfd->id == events[i].data.u64) fire(watch.get());
       }
     }
     const uint64_t now = coarse_ms();
@@ -233,7 +255,7 @@ void ShmWatchdog::run() {
           watch->locks[0]->release();
           watch->held_since_ms = 0;
         }
-      } else if (watch->pidfd < 0 && !watch->dead.load(std::memory_order_relaxed) && kill(watch->pid, 0) != 0 &&
+      } else if (!watch->pidfd && !watch->dead.load(std::memory_order_relaxed) && kill(watch->pid, 0) != 0 &&
                  errno == ESRCH) {
         fire(watch.get());
       }

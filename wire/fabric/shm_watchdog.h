@@ -40,9 +40,25 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 namespace gpusock::wire::fabric::shm {
+
+// A pidfd for one peer process, shared by every watch of that process: a
+// server with a thousand connections from one client holds one, not a
+// thousand. Closed (and taken out of the watchdog's epoll set) with the last
+// watch that holds it.
+struct PeerPidfd {
+  PeerPidfd(int fd, int epfd, uint64_t id) : fd(fd), epfd(epfd), id(id) {}
+  PeerPidfd(const PeerPidfd &) = delete;
+  PeerPidfd &operator=(const PeerPidfd &) = delete;
+  ~PeerPidfd();
+  const int fd;
+  const int epfd;
+  const uint64_t id;       // the epoll event's data: never reused, unlike an address
+  bool in_epoll = true;    // until the process died (level-triggered: taken out then)
+};
 
 // One watched peer (or, in stuck mode, one listener region). For a peer,
 // locks[0] is the peer's region, locks[1] (when there) our endpoint's.
@@ -51,13 +67,12 @@ struct PeerWatch {
   // Threads of our endpoint inside a provider call on this connection.
   std::atomic<int> in_provider{0};
   pid_t pid = 0;
-  int pidfd = -1;
+  std::shared_ptr<PeerPidfd> pidfd;  // none: looked for with kill()
   bool stuck_mode = false;
   bool own_lock_pending = false;  // dead, and our region's lock not yet settled
   uint64_t held_since_ms = 0;
   std::string wake_path;  // the bell to ring when the peer dies
   std::vector<std::unique_ptr<RegionLock>> locks;
-  ~PeerWatch();
 };
 
 // One provider call on a watched connection, marked for the watchdog (see
@@ -119,6 +134,9 @@ class ShmWatchdog {
 
  private:
   static void add_locks(PeerWatch *watch, const std::vector<std::string> &regions);
+  // The shared pidfd of `pid` (mu_ held): the one a live watch holds, else a
+  // new one in the epoll set; nullptr without pidfd_open.
+  std::shared_ptr<PeerPidfd> pidfd_of(pid_t pid);
   void wake();
   bool add(const std::shared_ptr<PeerWatch> &watch);
   void fire(PeerWatch *watch);
@@ -133,6 +151,8 @@ class ShmWatchdog {
   int wakefd_ = -1;
   int ringer_ = -1;
   std::vector<std::shared_ptr<PeerWatch>> watches_;
+  std::unordered_map<pid_t, std::weak_ptr<PeerPidfd>> pidfds_;
+  uint64_t next_pidfd_id_ = 1;
 };
 
 }  // namespace gpusock::wire::fabric::shm
