@@ -3,6 +3,7 @@
 // and connections, each driving a wire::ConnectionDriver), and publish what
 // the GPU polls. This file: start, stop, the facade.
 #include "proxy/proxy_impl.h"
+#include "wire/spin_lock.h"
 
 #include <pthread.h>
 #include <sched.h>
@@ -174,7 +175,10 @@ gs_status_t Proxy::Impl::start(const ProxyOptions &options_in, MemoryResource *m
   int pin = 0;
   for (auto &w : workers_) {
     Worker *worker = w.get();
-    w->thread = std::thread([this, worker] { loop(*worker); });
+    w->thread = std::thread([this, worker] {
+      wire::spin_lock_keep_core();  // the threads waiting on it are the ones it feeds
+      loop(*worker);
+    });
     // Named so that top -H, perf and gdb tell the proxy's threads apart (15 characters at most).
     char name[16];
     std::snprintf(name, sizeof name, "gs-proxy-%u", worker->id);

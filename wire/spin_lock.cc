@@ -41,6 +41,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 std::atomic<uint64_t> g_contended{0}, g_yields{0}, g_naps{0};
+thread_local bool t_keep_core = false;
 
 inline void relax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -85,7 +86,7 @@ int spin_lock_free_value() {
 int yielding_spin_lock(pthread_spinlock_t *lock) {
   if (pthread_spin_trylock(lock) == 0) return 0;
   g_contended.fetch_add(1, std::memory_order_relaxed);
-  if (!yield_enabled()) {
+  if (t_keep_core || !yield_enabled()) {
     for (;;) {
       while (held(lock)) relax();
       if (pthread_spin_trylock(lock) == 0) return 0;
@@ -111,6 +112,8 @@ int yielding_spin_lock(pthread_spinlock_t *lock) {
     }
   }
 }
+
+void spin_lock_keep_core() { t_keep_core = true; }
 
 SpinLockCounts spin_lock_counts() {
   return {g_contended.load(std::memory_order_relaxed), g_yields.load(std::memory_order_relaxed),

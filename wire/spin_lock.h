@@ -28,6 +28,12 @@ void note_spin_lock_use();
 // x86-64 counts down from 1; elsewhere 0 is free).
 int spin_lock_free_value();
 
+// For the calling thread: spin on a held lock as glibc does, never giving the
+// core away. For a thread that owns its core and is the one everything else
+// waits for (the GPU proxy's): its yields hand the core to the very threads
+// it feeds.
+void spin_lock_keep_core();
+
 // The waiting acquisition itself (the shim's pthread_spin_lock forwards here).
 int yielding_spin_lock(pthread_spinlock_t *lock);
 

@@ -60,16 +60,34 @@ BellPage *map_bell_page(int fd, const std::string &name, bool create, void **hea
 
 int open_ringer() { return socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0); }
 
+namespace {
+
+int send_datagram(int sock, const sockaddr_un &addr, socklen_t addr_len, const void *data, size_t len) {
+  for (;;) {
+    if (sendto(sock, data, len, MSG_DONTWAIT | MSG_NOSIGNAL, reinterpret_cast<const sockaddr *>(&addr), addr_len) >= 0)
+      return 0;
+    if (errno != EINTR) return -errno;
+  }
+}
+
+}  // namespace
+
 int send_to_bell(int ringer, const std::string &path, const void *data, size_t len) {
   sockaddr_un addr;
   socklen_t addr_len = 0;
   if (ringer < 0 || !make_address(path, &addr, &addr_len)) return -EINVAL;
-  for (;;) {
-    if (sendto(ringer, data, len, MSG_DONTWAIT | MSG_NOSIGNAL, reinterpret_cast<sockaddr *>(&addr), addr_len) >= 0)
-      return 0;
-    if (errno == EINTR) continue;
-    return -errno;
-  }
+  const int rc = send_datagram(ringer, addr, addr_len, data, len);
+  if (rc != -EAGAIN) return rc;
+  // A datagram stays charged to the socket that sent it until its bell is
+  // read, so a ringer shared by many connections runs out of send budget
+  // once enough idle bells hold an unread ring, and then fails for every
+  // bell: a lost wake-up. A fresh socket tells that from a full bell (which
+  // is readable already, and says -EAGAIN again).
+  const int fresh = open_ringer();
+  if (fresh < 0) return rc;
+  const int again = send_datagram(fresh, addr, addr_len, data, len);
+  close(fresh);
+  return again;
 }
 
 // --- our bell -------------------------------------------------------------------
