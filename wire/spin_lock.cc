@@ -15,9 +15,9 @@
 // running holder lets go within them), then yields its core, then naps, so
 // that the scheduler runs (or migrates) the holder.
 //
-// The lock word is glibc's: taken by its pthread_spin_trylock, released by
-// its pthread_spin_unlock, and free when it holds what pthread_spin_init
-// stores (1 on x86-64, where glibc counts down; 0 elsewhere), so locks taken
+// The lock word is glibc's: free when it holds what pthread_spin_init stores
+// (1 on x86-64, where glibc counts down; 0 elsewhere), taken as glibc's
+// trylock takes it, released by glibc's pthread_spin_unlock, so locks taken
 // here and by glibc's own calls mix freely.
 // GPUSOCK_SPIN_LOCK_YIELD=0 keeps glibc's plain spinning.
 #include "wire/spin_lock.h"
@@ -63,6 +63,18 @@ inline bool held(pthread_spinlock_t *lock) {
   return __atomic_load_n(reinterpret_cast<volatile int *>(lock), __ATOMIC_RELAXED) != spin_lock_free_value();
 }
 
+// glibc's trylock, done here: one compare-and-swap from the free value to
+// the taken one (0 on x86-64, where free is 1; 1 elsewhere). Not a call of
+// pthread_spin_trylock, which a race detector intercepts: under TSan its
+// own pthread_spin_lock calls this one, and a trylock inside it would count
+// every acquisition twice.
+inline bool try_take(pthread_spinlock_t *lock) {
+  int expected = spin_lock_free_value();
+  const int taken = expected == 1 ? 0 : 1;
+  return __atomic_compare_exchange_n(reinterpret_cast<volatile int *>(lock), &expected, taken, false,
+                                     __ATOMIC_ACQUIRE, __ATOMIC_RELAXED);
+}
+
 // How long a waiter spins before yielding, and yields before napping: a
 // holder that runs finishes a provider's critical section well within the
 // first; one that does not run needs this core or another to be given up.
@@ -84,17 +96,17 @@ int spin_lock_free_value() {
 }
 
 int yielding_spin_lock(pthread_spinlock_t *lock) {
-  if (pthread_spin_trylock(lock) == 0) return 0;
+  if (try_take(lock)) return 0;
   g_contended.fetch_add(1, std::memory_order_relaxed);
   if (t_keep_core || !yield_enabled()) {
     for (;;) {
       while (held(lock)) relax();
-      if (pthread_spin_trylock(lock) == 0) return 0;
+      if (try_take(lock)) return 0;
     }
   }
   const auto start = Clock::now();
   for (unsigned step = 1;; ++step) {
-    if (!held(lock) && pthread_spin_trylock(lock) == 0) return 0;
+    if (!held(lock) && try_take(lock)) return 0;
     if (step % 32 != 0) {
       relax();
       continue;

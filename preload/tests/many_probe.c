@@ -62,6 +62,15 @@ static void raise_fd_limit(void) {
 
 static double now_s(void) { return now_ms() / 1e3; }
 
+/* After every connection closed: back to `baseline` descriptors (closes
+ * finish in the background, DISCONNECT then teardown: give them time). */
+static void check_back_to(int baseline, const char *who) {
+  int after = open_fds();
+  for (double until = now_s() + 10; after > baseline + LAZY_FDS && now_s() < until; after = open_fds()) usleep(20000);
+  printf("fds: %s-after %d\n", who, after - baseline);
+  CHECK(after <= baseline + LAZY_FDS, "%s: back to %d fds after every connection closed (%d)", who, baseline, after);
+}
+
 /* ------------------------------------------------------------------ server */
 
 static int server(int port, int conns) {
@@ -133,11 +142,7 @@ static int server(int port, int conns) {
   CHECK(accepted == expected, "server: accepted %d of %d connections", accepted, expected);
   CHECK(closed == expected, "server: all %d connections closed by their clients", expected);
   close(ep);
-  /* Closes finish in the background (DISCONNECT, teardown): give them time. */
-  int after = open_fds();
-  for (double until = now_s() + 10; after > baseline + LAZY_FDS && now_s() < until; after = open_fds()) usleep(20000);
-  printf("fds: server-after %d\n", after - baseline);
-  CHECK(after <= baseline + LAZY_FDS, "server: back to its %d fds after every connection closed (%d)", baseline, after);
+  check_back_to(baseline, "server");
   close(l);
   return failures;
 }
@@ -227,10 +232,7 @@ static int clients(int port, int conns, size_t bytes) {
         opened, bytes, total, short_ones, bad);
   for (int i = 0; i < opened; ++i) close(cs[i].fd);
   close(ep);
-  int after = open_fds();
-  for (double until = now_s() + 10; after > baseline + LAZY_FDS && now_s() < until; after = open_fds()) usleep(20000);
-  printf("fds: clients-after %d\n", after - baseline);
-  CHECK(after <= baseline + LAZY_FDS, "clients: back to %d fds after closing every connection (%d)", baseline, after);
+  check_back_to(baseline, "clients");
   free(cs);
   return failures;
 }
