@@ -27,7 +27,9 @@ __attribute__((constructor)) static void gpusock_preload_init() {
 
 // ------------------------------------------------------------------ spin locks
 
+#if !defined(__SANITIZE_THREAD__)  // under TSan its interceptor and glibc's lock
 GS_EXPORT int pthread_spin_lock(pthread_spinlock_t *lock) { return gs_spin_lock(lock); }
+#endif
 
 // ------------------------------------------------------------------ signals
 

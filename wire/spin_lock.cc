@@ -22,6 +22,19 @@
 // GPUSOCK_SPIN_LOCK_YIELD=0 keeps glibc's plain spinning.
 #include "wire/spin_lock.h"
 
+// ThreadSanitizer intercepts the spin lock calls itself and must see every
+// acquisition: under it the process keeps glibc's lock (and TSan's view).
+#if defined(__SANITIZE_THREAD__)
+#define GS_SPIN_LOCK_INTERPOSE 0
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define GS_SPIN_LOCK_INTERPOSE 0
+#endif
+#endif
+#ifndef GS_SPIN_LOCK_INTERPOSE
+#define GS_SPIN_LOCK_INTERPOSE 1
+#endif
+
 #include <dlfcn.h>
 #include <sched.h>
 #include <time.h>
@@ -133,6 +146,7 @@ SpinLockCounts spin_lock_counts() {
 }
 
 bool spin_lock_interposed() {
+  if (!GS_SPIN_LOCK_INTERPOSE) return false;
   // What libfabric's own calls bind to: the first definition in the global
   // scope, which is libc's unless an object before libc defines one.
   Dl_info info{};
@@ -159,6 +173,8 @@ void note_spin_lock_use() {
 
 }  // namespace gpusock::wire
 
+#if GS_SPIN_LOCK_INTERPOSE
 extern "C" __attribute__((visibility("default"))) int pthread_spin_lock(pthread_spinlock_t *lock) {
   return gpusock::wire::yielding_spin_lock(lock);
 }
+#endif
