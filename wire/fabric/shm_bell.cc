@@ -191,7 +191,18 @@ PeerBell &PeerBell::operator=(PeerBell &&other) noexcept {
 }
 
 namespace {
+
 std::atomic<int> g_connected_ringers{0};
+
+// One of the process's kConnectedRingers, if any is left. A load first, so
+// that once they are all taken a ring by path costs no locked instruction.
+bool reserve_connected_ringer(int limit) {
+  if (g_connected_ringers.load(std::memory_order_relaxed) >= limit) return false;
+  if (g_connected_ringers.fetch_add(1, std::memory_order_relaxed) < limit) return true;
+  g_connected_ringers.fetch_sub(1, std::memory_order_relaxed);
+  return false;
+}
+
 }  // namespace
 
 void PeerBell::drop_connected() const {
@@ -243,7 +254,7 @@ int PeerBell::request_ringback(const std::string &our_name) const {
 
 int PeerBell::ring() const {
   if (page_ == nullptr) return -ENOTSUP;
-  if (connected_ < 0 && g_connected_ringers.fetch_add(1, std::memory_order_relaxed) < kConnectedRingers) {
+  if (connected_ < 0 && reserve_connected_ringer(kConnectedRingers)) {
     sockaddr_un addr;
     socklen_t addr_len = 0;
     const int sock = open_ringer();
@@ -254,8 +265,6 @@ int PeerBell::ring() const {
       if (sock >= 0) close(sock);
       g_connected_ringers.fetch_sub(1, std::memory_order_relaxed);
     }
-  } else if (connected_ < 0) {
-    g_connected_ringers.fetch_sub(1, std::memory_order_relaxed);
   }
   int rc = -ENOTCONN;
   if (connected_ >= 0) {
