@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace gpusock::wire {
 
@@ -130,6 +131,20 @@ class Endpoint {
   // caller may then skip them (on tcp each is a system call) for an endpoint
   // whose fd it has just found quiet. False when only poll() can tell.
   virtual bool quiet_unless_fd_readable() const { return false; }
+
+  // ---- readiness hints (Domain::take_hints) ----
+  // Hints for this endpoint go to `owner` from now on (0: to nobody). False
+  // when its transport gives none: look at it every time.
+  virtual bool set_hint_owner(uint64_t owner) {
+    (void)owner;
+    return false;
+  }
+  // True when poll() and poll_cm() would find nothing new until a hint comes
+  // for this endpoint (no blocked send, no verdict or wake-up pending, a peer
+  // that marks hints).
+  virtual bool quiet_until_hinted() const { return false; }
+  // Hints ourselves: a change made here that no peer announces.
+  virtual void hint_self() {}
 };
 
 // A connection request seen by a listener, not yet accepted.
@@ -231,6 +246,11 @@ class Domain {
   // knows more than the status says (e.g. which process holds a port);
   // empty otherwise.
   virtual std::string last_error_detail() const { return {}; }
+  // Appends the owners (Endpoint::set_hint_owner) of the endpoints that may
+  // have news since the last call, each once; a transport without hints
+  // appends nothing. An event loop then looks at those instead of at every
+  // endpoint.
+  virtual void take_hints(std::vector<uint64_t> *owners) { (void)owners; }
 };
 
 // Opens the transport named by `spec` ("verbs", "fabric:tcp", "fabric:shm"; empty:

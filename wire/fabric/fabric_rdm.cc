@@ -140,7 +140,8 @@ gs_status_t RdmDomain::open(std::string *error) {
     if (error != nullptr) *error = std::string("gpusock: fabric:shm: no socket for bells: ") + std::strerror(err);
     return -err;
   }
-  wire::note_spin_lock_use();  // shm's region locks (spin_lock.h)
+  hints_->open();                 // without a board every endpoint is looked at every time
+  wire::note_spin_lock_use();     // shm's region locks (spin_lock.h)
   shm::sweep_stale_files_once();  // what killed processes left in /dev/shm (shm_names.h)
   return 0;
 }
@@ -167,7 +168,9 @@ gs_status_t RdmDomain::open_shared(std::shared_ptr<RdmShared> *out) {
   // Before the name is published: a peer that finds no bell takes us for one
   // that never sleeps. Without one (another region layout, no resources) the
   // endpoint works and does not sleep either.
-  shared->bell.open(shared->name);
+  shared->hint_slot = hints_->take_slot();
+  if (shared->hint_slot >= 0) shared->board = hints_;
+  shared->bell.open(shared->name, hints_.get(), shared->hint_slot);
   registry_add(shared);
   *out = std::move(shared);
   return 0;

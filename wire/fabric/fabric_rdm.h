@@ -68,6 +68,8 @@ struct RdmShared {
   fid_av *av = nullptr;
   std::string name;
   shm::Bell bell;
+  std::shared_ptr<shm::HintBoard> board;  // our slot on it, given back with us
+  int32_t hint_slot = -1;
   std::mutex mu;
   std::atomic<bool> alive{true};                    // owner not yet destroyed
   std::vector<std::shared_ptr<RdmShared>> inbound;  // in-process senders to us
@@ -147,6 +149,8 @@ class RdmDomain final : public FabricDomainBase {
   shm::ShmWatchdog &watchdog() { return watchdog_; }
   // The socket every endpoint of the domain rings peers' bells from.
   int ringer() const { return ringer_; }
+  void take_hints(std::vector<uint64_t> *owners) override { hints_->take(owners); }
+  shm::HintBoard &hints() { return *hints_; }
 
   // Keeps a retired endpoint's fids until its peer has read its name exchange
   // (at most kMaxParked; the oldest is closed first); closes them at once when
@@ -159,6 +163,7 @@ class RdmDomain final : public FabricDomainBase {
  private:
   void close_settled_locked();
   int ringer_ = -1;
+  std::shared_ptr<shm::HintBoard> hints_ = std::make_shared<shm::HintBoard>();
   std::mutex parked_mu_;
   std::deque<ParkedEndpoint> parked_;
   shm::ShmWatchdog watchdog_;  // destroyed (joined) before the fabric objects

@@ -149,6 +149,7 @@ RdmShared::~RdmShared() {
   close_fid(ep);  // unlinks /dev/shm/<name> (and the bell page appended to it)
   close_fid(cq);
   close_fid(av);
+  if (board) board->give_slot(hint_slot);
 }
 
 void registry_add(const std::shared_ptr<RdmShared> &shared) {

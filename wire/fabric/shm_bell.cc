@@ -101,7 +101,7 @@ Bell::~Bell() {
   if (head_map_ != nullptr) munmap(head_map_, kBellPageSize);
 }
 
-bool Bell::open(const std::string &name) {
+bool Bell::open(const std::string &name, const HintBoard *board, int32_t slot) {
   const int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
   if (fd < 0) return false;
   page_ = map_bell_page(fd, name, true, &head_map_);
@@ -119,6 +119,11 @@ bool Bell::open(const std::string &name) {
     return false;
   }
   sock_ = sock;
+  if (board != nullptr && board->valid() && slot >= 0 && board->name().size() < sizeof(page_->hint_board)) {
+    std::memcpy(page_->hint_board, board->name().c_str(), board->name().size() + 1);
+    page_->hint_slot = static_cast<uint32_t>(slot) + 1;
+  }
+  page_->marks_hints = 1;
   // Last: a peer that finds the magic may ring, and ask for ring-backs.
   page_->version = kBellVersion;
   __atomic_store_n(&page_->magic, kBellMagic, __ATOMIC_RELEASE);
@@ -182,6 +187,7 @@ PeerBell &PeerBell::operator=(PeerBell &&other) noexcept {
     path_ = std::move(other.path_);
     ringer_ = other.ringer_;
     connected_ = other.connected_;
+    hint_ = std::move(other.hint_);
     other.page_ = nullptr;
     other.head_map_ = nullptr;
     other.signal_ = nullptr;
@@ -216,6 +222,7 @@ void PeerBell::reset() {
   if (page_ != nullptr) munmap(page_, kBellPageSize);
   if (head_map_ != nullptr) munmap(head_map_, kBellPageSize);
   drop_connected();
+  hint_.reset();
   page_ = nullptr;
   head_map_ = nullptr;
   signal_ = nullptr;
@@ -239,6 +246,12 @@ bool PeerBell::open(const std::string &name, int ringer) {
   signal_ = &static_cast<const ShmRegionHead *>(head_map)->signal;
   path_ = bell_path(name);
   ringer_ = ringer;
+  if (page->hint_slot != 0) {
+    char board[sizeof(page->hint_board)];
+    std::memcpy(board, page->hint_board, sizeof(board));
+    board[sizeof(board) - 1] = '\0';
+    hint_.open(board, page->hint_slot - 1);  // without it, the peer looks at us every time
+  }
   return true;
 }
 
@@ -248,12 +261,17 @@ int PeerBell::request_ringback(const std::string &our_name) const {
   if (rc == -ENOENT) return -ECONNREFUSED;
   // Counted also when its queue was full: the peer then drains it on its
   // next pass, and our next request finds room.
-  if (rc == 0 || rc == -EAGAIN) page_->requests.fetch_add(1, std::memory_order_seq_cst);
+  if (rc == 0 || rc == -EAGAIN) {
+    page_->requests.fetch_add(1, std::memory_order_seq_cst);
+    hint_.mark();
+  }
   return rc;
 }
 
 int PeerBell::ring() const {
   if (page_ == nullptr) return -ENOTSUP;
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  hint_.mark();
   if (connected_ < 0 && reserve_connected_ringer(kConnectedRingers)) {
     sockaddr_un addr;
     socklen_t addr_len = 0;

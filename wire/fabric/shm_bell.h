@@ -46,6 +46,8 @@
 // endpoint is gone.
 #pragma once
 
+#include "wire/fabric/shm_hints.h"
+
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -62,6 +64,9 @@ struct BellPage {
   alignas(64) std::atomic<uint32_t> armed;     // written by the owner and by waking senders
   alignas(64) std::atomic<uint32_t> requests;  // ring-back requests sent so far
   std::atomic<uint32_t> closed;                // a listener that takes no more requests
+  uint32_t hint_slot;                          // slot + 1 on the board named next; 0: none
+  char hint_board[64];
+  uint32_t marks_hints;  // this endpoint marks its peers' hint bits
 };
 static_assert(sizeof(BellPage) <= kBellPageSize, "one page");
 
@@ -84,7 +89,8 @@ class Bell {
   // For region `name`, right after fi_enable and before the name is
   // published. False: no bell (region layout not 1.17's, or out of
   // resources); the endpoint then has no wait fd and never sleeps.
-  bool open(const std::string &name);
+  // `board` and `slot` (-1: none): where senders mark our news (shm_hints.h).
+  bool open(const std::string &name, const HintBoard *board = nullptr, int32_t slot = -1);
   bool valid() const { return sock_ >= 0; }
   int fd() const { return sock_; }
 
@@ -159,16 +165,18 @@ class PeerBell {
   void wake_if_armed() const {
     if (page_ == nullptr) return;
     std::atomic_thread_fence(std::memory_order_seq_cst);
-    if (page_->armed.load(std::memory_order_relaxed) != 0 && __atomic_load_n(signal_, __ATOMIC_RELAXED) != 0 &&
-        page_->armed.exchange(0) != 0) {
-      ring();
-    }
+    if (__atomic_load_n(signal_, __ATOMIC_RELAXED) == 0) return;
+    hint_.mark();
+    if (page_->armed.load(std::memory_order_relaxed) != 0 && page_->armed.exchange(0) != 0) ring();
   }
   // Ask the peer to ring `our_name`'s bell after its next progress pass.
   // 0; -ENOTSUP (the peer has no bell); -ECONNREFUSED (its endpoint is gone);
   // another negated errno (-EAGAIN: its queue is full) when the request could
   // not go now.
   int request_ringback(const std::string &our_name) const;
+  // The peer marks our hint bit whenever it may have news for us (an older
+  // gpusock does not: then only looking tells).
+  bool marks_hints() const { return page_ != nullptr && page_->marks_hints != 0; }
   // The peer (a listener) takes no more requests.
   bool closed() const { return page_ != nullptr && page_->closed.load(std::memory_order_relaxed) != 0; }
   // One byte to the peer's bell.
@@ -188,6 +196,7 @@ class PeerBell {
   void drop_connected() const;
   mutable int connected_ = -1;
   int ringer_ = -1;
+  PeerHint hint_;  // the peer's bit on its board, when it has one
 };
 
 }  // namespace gpusock::wire::fabric::shm

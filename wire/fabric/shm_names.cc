@@ -1,5 +1,7 @@
 #include "wire/fabric/shm_names.h"
 
+#include "wire/fabric/shm_hints.h"
+
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -230,11 +232,35 @@ bool endpoint_owner_alive(std::string_view name) {
   return !parse_endpoint_name(name, &owner) || process_alive(owner);
 }
 
+namespace {
+
+// The endpoint name a bell or hint board file is named after, or "".
+std::string_view endpoint_file_base(std::string_view file) {
+  for (std::string_view suffix : {std::string_view(kBellSuffix), std::string_view(kHintsSuffix)})
+    if (file.size() > suffix.size() && file.substr(file.size() - suffix.size()) == suffix)
+      return file.substr(0, file.size() - suffix.size());
+  return {};
+}
+
+}  // namespace
+
 std::string bell_path(const std::string &endpoint_name) { return shm_path(kShmDir, endpoint_name + kBellSuffix); }
 
 void unlink_endpoint_files(const std::string &name) {
   shm_unlink(name.c_str());
   unlink(bell_path(name).c_str());
+  // Its process's hint board: a name of the same process (all but the
+  // sequence number) with the board's suffix.
+  const size_t dash = name.rfind('-');
+  if (dash == std::string::npos) return;
+  const std::string_view process = std::string_view(name).substr(0, dash + 1);
+  DIR *d = opendir(kShmDir);
+  if (d == nullptr) return;
+  while (dirent *entry = readdir(d)) {
+    const std::string_view file = entry->d_name;
+    if (file.starts_with(process) && file.ends_with(kHintsSuffix)) unlink(shm_path(kShmDir, std::string(file)).c_str());
+  }
+  closedir(d);
 }
 
 std::string rendezvous_name(const std::string &ip, uint16_t port) {
@@ -335,10 +361,8 @@ int sweep_stale_files() {
       if (!is_alive(owner) && shm_unlink(name.c_str()) == 0) ++removed;
       continue;
     }
-    const size_t suffix_len = sizeof(kBellSuffix) - 1;
-    if (name.size() > suffix_len && name.compare(name.size() - suffix_len, suffix_len, kBellSuffix) == 0 &&
-        parse_endpoint_name(std::string_view(name).substr(0, name.size() - suffix_len), &owner)) {
-      // A bell: the same.
+    if (const std::string_view base = endpoint_file_base(name); !base.empty() && parse_endpoint_name(base, &owner)) {
+      // A bell or a hint board: the same.
       if (!is_alive(owner) && unlink(shm_path(kShmDir, name).c_str()) == 0) ++removed;
       continue;
     }

@@ -22,6 +22,7 @@
 //
 // Bells. Every endpoint's bell socket (shm_bell.h) is /dev/shm/<endpoint
 // name>.bell, owned like the region; a killed process leaves it behind too.
+// So is a process's hint board (shm_hints.h), /dev/shm/<endpoint name>.hints.
 //
 // Rendezvous files. gpusock-<ip>-<port> names a listener; its owner holds an
 // OFD write lock on it and its content names the listener's endpoint (so also
@@ -107,7 +108,7 @@ bool read_rendezvous(const std::string &name, Rendezvous *out);
 // unlinked.
 int claim_rendezvous(const std::string &name, int *fd, std::string *detail);
 
-// Removes gpusock's stale files from /dev/shm: regions and bells of dead
+// Removes gpusock's stale files from /dev/shm: regions, bells and boards of dead
 // owners, stale rendezvous files. Returns how many it removed.
 int sweep_stale_files();
 
