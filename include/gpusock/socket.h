@@ -107,6 +107,25 @@ int gs_spin_yield(void);
  * shim, which libc precedes in the lookup order, forwards its own here. */
 int gs_spin_lock(pthread_spinlock_t *lock);
 
+/* Readiness sets, for event loops that keep hundreds of sockets (the
+ * LD_PRELOAD shim's epoll): the set remembers which of its sockets may have
+ * news -- those the transport hinted (fabric:shm), those ready at the last
+ * look, those whose transport gives no hints -- so that a look costs what
+ * those cost, not what all members cost. Every member is looked at at least
+ * every 10 ms. One set may be used by several threads. */
+typedef struct gs_ready_set gs_ready_set_t;
+gs_ready_set_t *gs_ready_set_create(void); /* NULL with errno ENOMEM */
+void gs_ready_set_destroy(gs_ready_set_t *set);
+/* op: EPOLL_CTL_ADD, EPOLL_CTL_MOD or EPOLL_CTL_DEL of gpusock socket fd,
+ * for poll(2) events (POLLERR and POLLHUP are always reported). 0, or
+ * -EEXIST, -ENOENT, -ENOTSOCK, -EINVAL. */
+int gs_ready_set_ctl(gs_ready_set_t *set, int op, int fd, short events);
+/* One look, never waits: writes up to max ready members (fd, events,
+ * revents) into out and returns how many, or a negated errno. *all (may be
+ * NULL) says whether this look went over every member. Sleep with
+ * gs_wait_begin over the members when it finds nothing. */
+int gs_ready_set_poll(gs_ready_set_t *set, struct pollfd *out, int max, int *all);
+
 int gs_getpeername(int socket, struct sockaddr *addr, socklen_t *addrlen);
 int gs_getsockname(int socket, struct sockaddr *addr, socklen_t *addrlen);
 int gs_setsockopt(int socket, int level, int optname, const void *optval, socklen_t optlen);

@@ -3,6 +3,7 @@
 #include <gpusock/socket.h>
 
 #include "wire/socket/engine.h"
+#include "wire/socket/ready_set.h"
 #include "wire/socket/waiting.h"
 #include "wire/spin_lock.h"
 
@@ -13,6 +14,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <new>
 #include <cstdarg>
 #include <cstring>
 #include <vector>
@@ -323,6 +325,33 @@ void gs_wait_end(const struct pollfd *fds, nfds_t nfds) {
     }
     gpusock::socket::drain_thread_waker();
     return 0;
+  });
+}
+
+struct gs_ready_set {
+  gpusock::socket::ReadySet set;
+};
+
+gs_ready_set_t *gs_ready_set_create(void) {
+  auto *set = new (std::nothrow) gs_ready_set;
+  if (set == nullptr) errno = ENOMEM;
+  return set;
+}
+
+void gs_ready_set_destroy(gs_ready_set_t *set) { delete set; }
+
+int gs_ready_set_ctl(gs_ready_set_t *set, int op, int fd, short events) {
+  if (set == nullptr) return finish(-EINVAL);
+  return guarded([&] { return finish(set->set.ctl(op, fd, events)); });
+}
+
+int gs_ready_set_poll(gs_ready_set_t *set, struct pollfd *out, int max, int *all) {
+  if (set == nullptr || out == nullptr || max <= 0) return finish(-EINVAL);
+  return guarded([&] {
+    bool full = false;
+    const int n = set->set.poll(out, max, &full);
+    if (all != nullptr) *all = full ? 1 : 0;
+    return finish(n);
   });
 }
 

@@ -38,8 +38,7 @@ long env_long(const char *name, long fallback, long lo, long hi) {
 // A default as rsocket takes it: the environment variable, else rsocket's
 // file of that name (/etc/rdma/rsocket, or GPUSOCK_RSOCKET_CONF_DIR), else
 // the built-in value (§2.10). *chosen: whether the variable or file said.
-long env_or_rsocket_file(const char *env, const char *file, long fallback, long lo, long hi,
-                         bool *chosen = nullptr) {
+long env_or_rsocket_file(const char *env, const char *file, long fallback, long lo, long hi, bool *chosen = nullptr) {
   if (chosen != nullptr) *chosen = true;
   if (const char *v = std::getenv(env); v && *v) return env_long(env, fallback, lo, hi);
   const char *dir = std::getenv("GPUSOCK_RSOCKET_CONF_DIR");
@@ -132,6 +131,7 @@ wire::Domain *Engine::domain(int *status) {
       if (domain_status_ == 0) {
         log(1, "transport %s", domain_->caps().name);
         limit_ring_budget_to_memlock();
+        opened_domain_.store(domain_.get(), std::memory_order_release);
       }
       domain_opened_ = true;
     }
@@ -366,14 +366,15 @@ void Engine::fork_parent() {
 // closes them. The next socket opens a fresh domain and background thread.
 void Engine::fork_child() {
   Engine &e = get();
-  e.table_.abandon();  // its sockets are never freed, on purpose
+  e.table_.abandon();                                                  // its sockets are never freed, on purpose
   auto *abandoned = new std::vector<std::shared_ptr<StreamSocket>>();  // never freed either
   for (auto &socket : e.closing_) abandoned->push_back(std::move(socket));
   e.closing_.clear();
   if (e.domain_) e.inherited_transport_ = e.domain_->caps().name;
   (void)e.reg_cache_.release();  // its lock may be held by a parent's thread
   e.reg_cache_tried_ = false;
-  (void)e.domain_.release();                   // leaked with the sockets that point into it
+  (void)e.domain_.release();  // leaked with the sockets that point into it
+  e.opened_domain_.store(nullptr);
   e.ring_budget_.forget_all();                 // the abandoned sockets' rings are not this process's
   StreamSocket::forget_connects_after_fork();  // the abandoned sockets' connects are not this process's
   e.domain_opened_ = false;

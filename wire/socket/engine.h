@@ -26,6 +26,8 @@ class Engine {
   // The transport for this process (GPUSOCK_TRANSPORT), opened on first use.
   // nullptr on failure, with *status set and last_error() naming what is missing.
   wire::Domain *domain(int *status);
+  // The domain if it is open (no lock, nothing opened), else nullptr.
+  wire::Domain *opened_domain() const { return opened_domain_.load(std::memory_order_acquire); }
 
   // Reserves an fd (an eventfd, so fd numbers never collide with the kernel's)
   // for the socket. Returns the fd or a negated errno.
@@ -76,6 +78,7 @@ class Engine {
   std::mutex domain_mu_;  // a mutex, not a once_flag: fork_child re-arms it
   bool domain_opened_ = false;
   std::unique_ptr<wire::Domain> domain_;
+  std::atomic<wire::Domain *> opened_domain_{nullptr};  // domain_ once open
   int domain_status_ = 0;
   std::string domain_error_;
   std::unique_ptr<RegCache> reg_cache_;  // after domain_: goes first

@@ -177,8 +177,10 @@ wire::DriverConfig StreamSocket::driver_config() {
   RingBudget &budget = Engine::get().ring_budget();
   grown_ring_bytes_ += budget.reserve(options_.rbuf_auto, &options_.rbuf_size, options_.sbuf_auto, &options_.sbuf_size);
   if (budget.first_refusal())
-    Engine::get().log(1, "%zu MiB of grown rings in use: further connections get the default rings until some close "
-                         "(GPUSOCK_RING_BUDGET_MB, GPUSOCK_RING_LARGE)", budget.held() >> 20);
+    Engine::get().log(1,
+                      "%zu MiB of grown rings in use: further connections get the default rings until some close "
+                      "(GPUSOCK_RING_BUDGET_MB, GPUSOCK_RING_LARGE)",
+                      budget.held() >> 20);
   options_.rbuf_auto = options_.sbuf_auto = false;
   options_.rbuf_size = receive_ring_size(options_.rbuf_size);
   options_.sbuf_size = std::max<uint32_t>(options_.sbuf_size, 4096);
@@ -623,7 +625,8 @@ int StreamSocket::shutdown(int how) {
   if (how != SHUT_RD && how != SHUT_WR && how != SHUT_RDWR) return -EINVAL;
   if (role_ != Role::kConnected) return -ENOTCONN;
   const int rc = conn_.shutdown(how);
-  wake_sleepers_locked();  // a reader blocked in another thread sees EOF now
+  wake_sleepers_locked();                                // a reader blocked in another thread sees EOF now
+  if (Endpoint *ep = conn_.endpoint()) ep->hint_self();  // and an event loop's next pass looks
   return rc;
 }
 
@@ -657,6 +660,20 @@ int StreamSocket::look_fd() {
   return ep != nullptr ? ep->wait_fd() : -1;
 }
 
+short StreamSocket::look_for_set(short requested, int quiet_fd, uint64_t hint_owner, bool *hinted, bool *quiet) {
+  std::lock_guard lock(mu_);
+  const short ready = ready_events_locked(requested, quiet_fd);
+  Endpoint *ep = role_ == Role::kConnected && !closing_ ? conn_.endpoint() : nullptr;
+  if (ep != nullptr && !*hinted) *hinted = ep->set_hint_owner(hint_owner);
+  *quiet = ep != nullptr && *hinted && ep->quiet_until_hinted();
+  return ready;
+}
+
+void StreamSocket::set_hint_owner(uint64_t owner) {
+  std::lock_guard lock(mu_);
+  if (Endpoint *ep = conn_.endpoint()) ep->set_hint_owner(owner);
+}
+
 void StreamSocket::list_wait_fds(std::vector<pollfd> *fds) {
   std::lock_guard lock(mu_);
   (void)arm_endpoints_locked(fds, /*by_application=*/true, nullptr, /*list_only=*/true);
@@ -667,8 +684,7 @@ Armed StreamSocket::prepare_sleep(int waker_fd, short requested, std::vector<pol
   std::lock_guard lock(mu_);
   sleepers_.add(waker_fd);  // first: from here on, another thread's progress wakes us
   const size_t before = fds->size();
-  const Armed armed =
-      ready_events_locked(requested) != 0 ? Armed::kPending : arm_wait_fds_locked(fds, true, quiet_fds);
+  const Armed armed = ready_events_locked(requested) != 0 ? Armed::kPending : arm_wait_fds_locked(fds, true, quiet_fds);
   if (armed == Armed::kPending) {
     sleepers_.remove(waker_fd);
     fds->resize(before);

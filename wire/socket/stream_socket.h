@@ -92,6 +92,12 @@ class StreamSocket {
   // found not readable (Endpoint::arm_wait_fd_quiet).
   Armed prepare_sleep(int waker_fd, short requested, std::vector<pollfd> *fds,
                       const std::vector<int> *quiet_fds = nullptr);
+  // For a readiness set (ready_set.h): ready_events(requested, quiet_fd); then
+  // *quiet: until a hint comes for it, nothing new can be found here; and
+  // while *hinted is false, hints for it go to `hint_owner` from now on if
+  // its transport gives any (then *hinted becomes true).
+  short look_for_set(short requested, int quiet_fd, uint64_t hint_owner, bool *hinted, bool *quiet);
+  void set_hint_owner(uint64_t owner);
   // Appends the fds prepare_sleep would sleep on (no arming).
   void list_wait_fds(std::vector<pollfd> *fds);
   void remove_sleeper(int waker_fd);
@@ -176,7 +182,7 @@ class StreamSocket {
   wire::ConnectionDriver conn_;
   bool closing_ = false;
   bool connect_counted_ = false;
-  size_t grown_ring_bytes_ = 0;  // taken from Engine::ring_budget(), returned when freed
+  size_t grown_ring_bytes_ = 0;    // taken from Engine::ring_budget(), returned when freed
   bool zero_copy_active_ = false;  // a send writes from its caller's buffer: no one else commits
   Clock::time_point next_keepalive_{};
 

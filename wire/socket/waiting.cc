@@ -29,6 +29,8 @@ thread_local bool t_crowded = false;   // another thread ran on this core during
 thread_local std::chrono::steady_clock::time_point t_last_yield;  // or the spin's start
 std::atomic<int> g_spinners{0};
 
+}  // namespace
+
 int64_t env_or(const char *name, int64_t fallback) {
   const char *v = std::getenv(name);
   if (!v || !*v) return fallback;
@@ -36,8 +38,6 @@ int64_t env_or(const char *name, int64_t fallback) {
   const long long n = std::strtoll(v, &end, 0);
   return (*end == '\0' && n >= 0) ? n : fallback;
 }
-
-}  // namespace
 
 int thread_waker_fd() {
   if (t_waker.fd < 0) t_waker.fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);

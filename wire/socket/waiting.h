@@ -17,6 +17,9 @@
 
 namespace gpusock::socket {
 
+// A non-negative integer setting from the environment, else `fallback`.
+int64_t env_or(const char *name, int64_t fallback);
+
 // This thread's waker: an eventfd made on first use, closed when the thread ends.
 int thread_waker_fd();
 // Takes whatever wake-ups reached this thread's waker.

@@ -1,0 +1,199 @@
+// Readiness sets (gs_ready_set_*): which members a look reports, over the
+// transport the environment names. fabric:shm gives hints (a look costs what
+// the members with news cost), fabric:tcp none (every member is looked at):
+// the answers must be the same.
+#include "test-support/gs_sockets.h"
+
+#include <gpusock/socket.h>
+
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/epoll.h>
+
+#include <stdlib.h>
+
+#include <algorithm>
+#include <chrono>
+#include <set>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using namespace gpusock::test;  // free_port, listen_on, test_address, send_all, recv_all
+
+// `n` connected pairs in this process: client and server fds.
+struct Pairs {
+  std::vector<int> clients, servers;
+  int listener = -1;
+  explicit Pairs(int n) {
+    const sockaddr_in a = test_address(free_port());
+    listener = listen_on(a, n + 8);
+    if (listener < 0) return;
+    for (int i = 0; i < n; ++i) {
+      const int c = gs_socket(AF_INET, SOCK_STREAM, 0);
+      if (c < 0 || gs_connect(c, reinterpret_cast<const sockaddr *>(&a), sizeof a) != 0) return;
+      const int s = gs_accept(listener, nullptr, nullptr);
+      if (s < 0) return;
+      clients.push_back(c);
+      servers.push_back(s);
+    }
+  }
+  ~Pairs() {
+    for (int fd : clients) gs_close(fd);
+    for (int fd : servers) gs_close(fd);
+    if (listener >= 0) gs_close(listener);
+  }
+  bool ok(int n) const { return static_cast<int>(servers.size()) == n; }
+};
+
+// The fds a look reports with `bits`, looking again for up to a second
+// until `want` of them have come (data on loopback is not instant on tcp).
+std::set<int> ready_fds(gs_ready_set_t *set, short bits, size_t want, int max = 64) {
+  std::set<int> got;
+  std::vector<pollfd> out(static_cast<size_t>(max));
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  do {
+    got.clear();
+    const int n = gs_ready_set_poll(set, out.data(), max, nullptr);
+    for (int i = 0; i < n; ++i)
+      if (out[static_cast<size_t>(i)].revents & bits) got.insert(out[static_cast<size_t>(i)].fd);
+    if (got.size() >= want) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  } while (std::chrono::steady_clock::now() < until);
+  return got;
+}
+
+constexpr int kPairs = 40;
+
+// No full passes within a test's time: only hints bring news, so a lost
+// one fails the test (sets read this when made).
+const bool g_no_full_passes = setenv("GPUSOCK_READY_SET_FULL_MS", "3600000", 1) == 0;
+
+}  // namespace
+
+// Data on a few of many members: exactly those are reported, on every look
+// until they are read (level-triggered), and none once they are.
+TEST(ReadySet, ReportsTheMembersWithDataUntilRead) {
+  Pairs p(kPairs);
+  ASSERT_TRUE(p.ok(kPairs)) << gs_last_error();
+  gs_ready_set_t *set = gs_ready_set_create();
+  ASSERT_NE(set, nullptr);
+  for (int fd : p.servers) ASSERT_EQ(gs_ready_set_ctl(set, EPOLL_CTL_ADD, fd, POLLIN), 0);
+  EXPECT_TRUE(ready_fds(set, POLLIN, 0).empty());
+  std::set<int> sent;
+  for (int i : {3, 17, 31}) {
+    ASSERT_TRUE(send_all(p.clients[static_cast<size_t>(i)], "abc", 3));
+    sent.insert(p.servers[static_cast<size_t>(i)]);
+  }
+  EXPECT_EQ(ready_fds(set, POLLIN, 3), sent);
+  EXPECT_EQ(ready_fds(set, POLLIN, 3), sent) << "level-triggered: reported again while unread";
+  for (int fd : sent) {
+    char b[3];
+    ASSERT_TRUE(recv_all(fd, b, 3));
+  }
+  EXPECT_TRUE(ready_fds(set, POLLIN, 0).empty());
+  gs_ready_set_destroy(set);
+}
+
+// More ready members than a look may report: every one comes within a few
+// looks (those not reported go first next time).
+TEST(ReadySet, MoreReadyThanMaxAreAllReportedInTurn) {
+  Pairs p(kPairs);
+  ASSERT_TRUE(p.ok(kPairs)) << gs_last_error();
+  gs_ready_set_t *set = gs_ready_set_create();
+  for (int fd : p.servers) ASSERT_EQ(gs_ready_set_ctl(set, EPOLL_CTL_ADD, fd, POLLIN), 0);
+  for (int fd : p.clients) ASSERT_TRUE(send_all(fd, "x", 1));
+  ready_fds(set, POLLIN, kPairs, kPairs);  // wait until all have data
+  std::set<int> seen;
+  std::vector<pollfd> out(7);
+  for (int look = 0; look < 6; ++look) {
+    const int n = gs_ready_set_poll(set, out.data(), 7, nullptr);
+    EXPECT_LE(n, 7);
+    for (int i = 0; i < n; ++i) seen.insert(out[static_cast<size_t>(i)].fd);
+  }
+  EXPECT_EQ(seen.size(), static_cast<size_t>(kPairs));
+  gs_ready_set_destroy(set);
+}
+
+// Two sets in one process share the transport's hints: a look at one set
+// takes the other's too and hands them over.
+TEST(ReadySet, TwoSetsEachGetTheirOwnNews) {
+  Pairs p(8);
+  ASSERT_TRUE(p.ok(8)) << gs_last_error();
+  gs_ready_set_t *a = gs_ready_set_create();
+  gs_ready_set_t *b = gs_ready_set_create();
+  for (int i = 0; i < 8; ++i)
+    ASSERT_EQ(gs_ready_set_ctl(i % 2 ? b : a, EPOLL_CTL_ADD, p.servers[static_cast<size_t>(i)], POLLIN), 0);
+  EXPECT_TRUE(ready_fds(a, POLLIN, 0).empty());
+  EXPECT_TRUE(ready_fds(b, POLLIN, 0).empty());
+  ASSERT_TRUE(send_all(p.clients[5], "x", 1));
+  ASSERT_TRUE(send_all(p.clients[2], "x", 1));
+  EXPECT_EQ(ready_fds(a, POLLIN, 1), std::set<int>{p.servers[2]});  // takes b's hint too
+  EXPECT_EQ(ready_fds(b, POLLIN, 1), std::set<int>{p.servers[5]});
+  gs_ready_set_destroy(a);
+  gs_ready_set_destroy(b);
+}
+
+// Members deleted, changed, closed behind the set's back; a peer's close.
+TEST(ReadySet, FollowsChangesOfItsMembers) {
+  Pairs p(4);
+  ASSERT_TRUE(p.ok(4)) << gs_last_error();
+  gs_ready_set_t *set = gs_ready_set_create();
+  for (int fd : p.servers) ASSERT_EQ(gs_ready_set_ctl(set, EPOLL_CTL_ADD, fd, POLLIN), 0);
+  EXPECT_EQ(gs_ready_set_ctl(set, EPOLL_CTL_ADD, p.servers[0], POLLIN), -EEXIST);
+  EXPECT_EQ(gs_ready_set_ctl(set, EPOLL_CTL_MOD, p.clients[0], POLLIN), -ENOENT);
+  EXPECT_EQ(gs_ready_set_ctl(set, EPOLL_CTL_ADD, 0, POLLIN), -ENOTSOCK);
+
+  ASSERT_TRUE(send_all(p.clients[0], "x", 1));
+  ASSERT_EQ(gs_ready_set_ctl(set, EPOLL_CTL_DEL, p.servers[0], 0), 0);
+  EXPECT_TRUE(ready_fds(set, POLLIN, 1).empty()) << "a deleted member is not reported";
+  ASSERT_EQ(gs_ready_set_ctl(set, EPOLL_CTL_ADD, p.servers[0], POLLIN), 0);
+  EXPECT_EQ(ready_fds(set, POLLIN, 1), std::set<int>{p.servers[0]}) << "added again: looked at again";
+
+  // Writable members, once asked for.
+  ASSERT_EQ(gs_ready_set_ctl(set, EPOLL_CTL_MOD, p.servers[1], POLLOUT), 0);
+  EXPECT_EQ(ready_fds(set, POLLOUT, 1), std::set<int>{p.servers[1]});
+  ASSERT_EQ(gs_ready_set_ctl(set, EPOLL_CTL_MOD, p.servers[1], POLLIN), 0);
+
+  // The peer closes: readable (EOF) without data sent.
+  gs_close(p.clients[2]);
+  p.clients[2] = gs_socket(AF_INET, SOCK_STREAM, 0);  // for ~Pairs
+  std::set<int> got = ready_fds(set, POLLIN, 2);
+  EXPECT_EQ(got.count(p.servers[2]), 1u) << "a peer's close is news";
+
+  // A member closed without leaving the set leaves it by itself.
+  gs_close(p.servers[3]);
+  p.servers[3] = gs_socket(AF_INET, SOCK_STREAM, 0);
+  got = ready_fds(set, POLLIN | POLLHUP | POLLERR | POLLNVAL, 2);
+  EXPECT_EQ(got.count(p.servers[3]), 0u) << "the fd is no member any more (a new socket has it)";
+  gs_ready_set_destroy(set);
+}
+
+// A member with news, then many looks without: the news is never lost to
+// a look that found nothing, whichever thread sends meanwhile.
+TEST(ReadySet, NewsFromAnotherThreadIsNeverLost) {
+  Pairs p(16);
+  ASSERT_TRUE(p.ok(16)) << gs_last_error();
+  gs_ready_set_t *set = gs_ready_set_create();
+  for (int fd : p.servers) ASSERT_EQ(gs_ready_set_ctl(set, EPOLL_CTL_ADD, fd, POLLIN), 0);
+  constexpr int kRounds = 2000;
+  std::thread sender([&] {
+    for (int r = 0; r < kRounds; ++r) send_all(p.clients[static_cast<size_t>(r % 16)], "y", 1);
+  });
+  int received = 0;
+  std::vector<pollfd> out(16);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (received < kRounds && std::chrono::steady_clock::now() < until) {
+    const int n = gs_ready_set_poll(set, out.data(), 16, nullptr);
+    for (int i = 0; i < n; ++i) {
+      char b[64];
+      const ssize_t k = gs_recv(out[static_cast<size_t>(i)].fd, b, sizeof b, MSG_DONTWAIT);
+      if (k > 0) received += static_cast<int>(k);
+    }
+  }
+  sender.join();
+  EXPECT_EQ(received, kRounds);
+  gs_ready_set_destroy(set);
+}
