@@ -32,6 +32,66 @@ std::vector<std::shared_ptr<EpollSet>> all_sets() {
 
 std::mutex &epoll_table_mutex() { return tables().mu; }
 
+namespace {
+
+bool armed_gs(const EpollEntry &e) { return e.gs && !e.disarmed; }
+
+}  // namespace
+
+EpollSet::~EpollSet() {
+  if (ready == nullptr) return;
+  Inside guard;
+  gs_ready_set_destroy(ready);
+}
+
+EpollEntry *find_entry(EpollSet &set, int fd) {
+  if (set.index_dirty) {
+    set.index.clear();
+    for (size_t i = 0; i < set.entries.size(); ++i) set.index[set.entries[i].fd] = i;
+    set.index_dirty = false;
+  }
+  auto it = set.index.find(fd);
+  return it == set.index.end() ? nullptr : &set.entries[it->second];
+}
+
+void update_ready_member(EpollSet &set, const EpollEntry &e) {
+  Inside guard;
+  if (!armed_gs(e)) {
+    if (set.ready != nullptr) gs_ready_set_ctl(set.ready, EPOLL_CTL_DEL, e.fd, 0);
+    return;
+  }
+  if (set.ready == nullptr && (set.ready = gs_ready_set_create()) == nullptr) return;
+  const short events = static_cast<short>(e.events & 0x3fff);
+  if (gs_ready_set_ctl(set.ready, EPOLL_CTL_MOD, e.fd, events) == -ENOENT)
+    gs_ready_set_ctl(set.ready, EPOLL_CTL_ADD, e.fd, events);
+}
+
+void add_entry(EpollSet &set, const EpollEntry &e) {
+  set.entries.push_back(e);
+  set.index_dirty = true;
+  if (e.gs) set.gs_count.fetch_add(1);
+  if (e.dormant) set.dormant_count.fetch_add(1);
+  if (armed_gs(e)) update_ready_member(set, e);
+}
+
+void remove_entry(EpollSet &set, int fd) {
+  auto &v = set.entries;
+  for (size_t i = 0; i < v.size();) {
+    if (v[i].fd != fd) {
+      ++i;
+      continue;
+    }
+    if (v[i].gs) set.gs_count.fetch_sub(1);
+    if (v[i].dormant) set.dormant_count.fetch_sub(1);
+    if (armed_gs(v[i]) && set.ready != nullptr) {
+      Inside guard;
+      gs_ready_set_ctl(set.ready, EPOLL_CTL_DEL, fd, 0);
+    }
+    v.erase(v.begin() + static_cast<long>(i));
+    set.index_dirty = true;
+  }
+}
+
 std::shared_ptr<EpollSet> find_epoll_set(int epfd) {
   std::lock_guard lock(tables().mu);
   auto it = tables().sets.find(epfd);
@@ -52,16 +112,7 @@ std::shared_ptr<EpollSet> find_or_make_epoll_set(int epfd) {
 void epoll_forget_fd(int fd) {
   for (auto &set : all_sets()) {
     std::lock_guard lock(set->mu);
-    auto &v = set->entries;
-    for (size_t i = 0; i < v.size();) {
-      if (v[i].fd == fd) {
-        if (v[i].gs) set->gs_count.fetch_sub(1);
-        if (v[i].dormant) set->dormant_count.fetch_sub(1);
-        v.erase(v.begin() + static_cast<long>(i));
-      } else {
-        ++i;
-      }
-    }
+    remove_entry(*set, fd);
   }
 }
 
@@ -74,6 +125,7 @@ void epoll_upgrade_fd(int fd) {
         set->gs_count.fetch_add(1);
         if (e.dormant) set->dormant_count.fetch_sub(1);
         e.dormant = false;
+        update_ready_member(*set, e);
       }
   }
 }
@@ -128,7 +180,9 @@ void epoll_after_fork_child() {
     set->entries.erase(
         std::remove_if(set->entries.begin(), set->entries.end(), [](const EpollEntry &e) { return e.gs; }),
         set->entries.end());
+    set->index_dirty = true;
     set->gs_count = 0;
+    set->ready = nullptr;  // the parent's: its lock may be held by a thread the child has not
   }
   // Reset the locks other threads may have held at fork time.
   for (auto &[epfd, set] : tables().sets) new (&set->mu) std::mutex();

@@ -7,10 +7,13 @@
 
 #include "preload/fd_table.h"
 
+#include <gpusock/socket.h>
+
 #include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <unordered_map>
 #include <vector>
 
 namespace gpusock::preload {
@@ -27,13 +30,26 @@ struct EpollEntry {
 };
 
 struct EpollSet {
+  ~EpollSet();
   std::mutex mu;
-  std::vector<EpollEntry> entries;
+  std::vector<EpollEntry> entries;        // change it through the functions below (they keep `ready` and the index)
+  gs_ready_set_t *ready = nullptr;        // the armed gpusock members, for the library to say which to look at
+  std::unordered_map<int, size_t> index;  // fd -> entries[i], rebuilt when index_dirty
+  bool index_dirty = true;
   std::vector<int> numbers;  // fds that refer to this instance
   std::atomic<int> gs_count{0};
   std::atomic<int> dormant_count{0};
-  size_t next = 0;  // round-robin start among gpusock entries
 };
+
+// With set.mu held: the entry of fd, or nullptr; adding and removing one.
+// A gpusock member that is armed (not a pending socket, dormant or fired
+// one-shot) is also in set.ready.
+EpollEntry *find_entry(EpollSet &set, int fd);
+void add_entry(EpollSet &set, const EpollEntry &entry);
+void remove_entry(EpollSet &set, int fd);
+// The entry's events changed, or it became a gpusock member, or was disarmed
+// or re-armed: set.ready follows.
+void update_ready_member(EpollSet &set, const EpollEntry &entry);
 
 std::shared_ptr<EpollSet> find_epoll_set(int epfd);          // nullptr: not emulated
 std::shared_ptr<EpollSet> find_or_make_epoll_set(int epfd);  // marks epfd kEpoll

@@ -172,31 +172,29 @@ namespace {
 constexpr uint32_t kInBits = EPOLLIN | EPOLLRDNORM | EPOLLRDBAND | EPOLLPRI | EPOLLRDHUP;
 constexpr uint32_t kOutBits = EPOLLOUT | EPOLLWRNORM | EPOLLWRBAND;
 
-// Ready gpusock members into out[0..max). Caller holds set.mu.
+// Ready gpusock members into out[0..max): the library's readiness set says
+// which to look at (ready_set.h), so a pass costs what the members with
+// news cost. Caller holds set.mu.
 int collect_gs(EpollSet &set, epoll_event *out, int max) {
+  if (set.ready == nullptr) return 0;
   static thread_local std::vector<pollfd> p;
-  static thread_local std::vector<size_t> idx;
-  p.clear();
-  idx.clear();
-  for (size_t i = 0; i < set.entries.size(); ++i) {
-    const EpollEntry &e = set.entries[i];
-    if (!e.gs || e.disarmed) continue;
-    if (e.events & EPOLLIN) touch_read(e.fd);
-    p.push_back({e.fd, static_cast<short>(e.events & 0x3fff), 0});
-    idx.push_back(i);
-  }
-  if (p.empty()) return 0;
+  if (p.size() < static_cast<size_t>(max)) p.resize(static_cast<size_t>(max));
+  int all = 0;
+  int k;
   {
     Inside guard;
-    gs_poll(p.data(), p.size(), 0);
+    k = gs_ready_set_poll(set.ready, p.data(), max, &all);
   }
+  if (all)  // the application waits on these (relay.cc, listeners.cc watch that)
+    for (const EpollEntry &e : set.entries)
+      if (e.gs && !e.disarmed && (e.events & EPOLLIN)) touch_read(e.fd);
   int n = 0;
-  const size_t count = p.size();
-  const size_t start = set.next % count;
-  for (size_t j = 0; j < count && n < max; ++j) {
-    const size_t k = (start + j) % count;
-    EpollEntry &e = set.entries[idx[k]];
-    uint32_t ready = static_cast<uint16_t>(p[k].revents) & (e.events | EPOLLERR | EPOLLHUP);
+  for (int j = 0; j < k && n < max; ++j) {
+    EpollEntry *found = find_entry(set, p[j].fd);
+    if (found == nullptr || !found->gs || found->disarmed) continue;
+    EpollEntry &e = *found;
+    if (e.events & EPOLLIN) touch_read(e.fd);
+    const uint32_t ready = static_cast<uint16_t>(p[j].revents) & (e.events | EPOLLERR | EPOLLHUP);
     if (e.events & EPOLLET) {
       FdSlot *s = slot(e.fd);
       const uint32_t rg = s ? s->rgen.load(std::memory_order_relaxed) : 0;
@@ -214,9 +212,11 @@ int collect_gs(EpollSet &set, epoll_event *out, int max) {
     out[n].events = ready;
     out[n].data = e.data;
     ++n;
-    if (e.events & EPOLLONESHOT) e.disarmed = true;
+    if (e.events & EPOLLONESHOT) {
+      e.disarmed = true;
+      update_ready_member(set, e);
+    }
   }
-  set.next = start + 1;
   return n;
 }
 
@@ -224,19 +224,18 @@ int collect_gs(EpollSet &set, epoll_event *out, int max) {
 // watches (not even the kernel) until it is activated (listeners.h).
 int dormant_ctl(EpollSet &set, int op, int fd, epoll_event *ev) {
   std::lock_guard lock(set.mu);
-  auto it = std::find_if(set.entries.begin(), set.entries.end(), [&](const EpollEntry &e) { return e.fd == fd; });
+  EpollEntry *it = find_entry(set, fd);
   if (op == EPOLL_CTL_ADD) {
-    if (it != set.entries.end()) {
+    if (it != nullptr) {
       errno = EEXIST;
       return -1;
     }
     EpollEntry e{fd, ev->events, ev->data, false};
     e.dormant = true;
-    set.entries.push_back(e);
-    set.dormant_count.fetch_add(1);
+    add_entry(set, e);
     return 0;
   }
-  if (it == set.entries.end()) {
+  if (it == nullptr) {
     errno = ENOENT;
     return -1;
   }
@@ -245,8 +244,7 @@ int dormant_ctl(EpollSet &set, int op, int fd, epoll_event *ev) {
     it->data = ev->data;
     return 0;
   }
-  if (it->dormant) set.dormant_count.fetch_sub(1);
-  set.entries.erase(it);
+  remove_entry(set, fd);
   return 0;
 }
 
@@ -351,11 +349,11 @@ GS_EXPORT int epoll_ctl(int epfd, int op, int fd, epoll_event *ev) {
     const int r = R.epoll_ctl(epfd, op, fd, ev);
     if (r < 0) return r;
     std::lock_guard lock(set->mu);
-    auto it = std::find_if(set->entries.begin(), set->entries.end(), [&](const EpollEntry &e) { return e.fd == fd; });
+    EpollEntry *it = find_entry(*set, fd);
     if (op == EPOLL_CTL_DEL) {
-      if (it != set->entries.end()) set->entries.erase(it);
-    } else if (it == set->entries.end()) {
-      set->entries.push_back({fd, ev->events, ev->data, false});
+      remove_entry(*set, fd);
+    } else if (it == nullptr) {
+      add_entry(*set, {fd, ev->events, ev->data, false});
     } else {
       it->events = ev->events;
       it->data = ev->data;
@@ -363,18 +361,17 @@ GS_EXPORT int epoll_ctl(int epfd, int op, int fd, epoll_event *ev) {
     return 0;
   }
   std::lock_guard lock(set->mu);
-  auto it = std::find_if(set->entries.begin(), set->entries.end(), [&](const EpollEntry &e) { return e.fd == fd; });
+  EpollEntry *it = find_entry(*set, fd);
   switch (op) {
     case EPOLL_CTL_ADD:
-      if (it != set->entries.end()) {
+      if (it != nullptr) {
         errno = EEXIST;
         return -1;
       }
-      set->entries.push_back({fd, ev->events, ev->data, true});
-      set->gs_count.fetch_add(1);
+      add_entry(*set, {fd, ev->events, ev->data, true});
       return 0;
     case EPOLL_CTL_MOD:
-      if (it == set->entries.end()) {
+      if (it == nullptr) {
         errno = ENOENT;
         return -1;
       }
@@ -386,14 +383,14 @@ GS_EXPORT int epoll_ctl(int epfd, int op, int fd, epoll_event *ev) {
       it->data = ev->data;
       it->disarmed = false;
       it->reported = 0;
+      update_ready_member(*set, *it);
       return 0;
     default:
-      if (it == set->entries.end()) {
+      if (it == nullptr) {
         errno = ENOENT;
         return -1;
       }
-      if (it->gs) set->gs_count.fetch_sub(1);
-      set->entries.erase(it);
+      remove_entry(*set, fd);
       return 0;
   }
 }
