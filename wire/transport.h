@@ -133,12 +133,9 @@ class Endpoint {
   virtual bool quiet_unless_fd_readable() const { return false; }
 
   // ---- readiness hints (Domain::take_hints) ----
-  // Hints for this endpoint go to `owner` from now on (0: to nobody). False
-  // when its transport gives none: look at it every time.
-  virtual bool set_hint_owner(uint64_t owner) {
-    (void)owner;
-    return false;
-  }
+  // This endpoint's slot on its domain's hint board, or -1 when its
+  // transport gives no hints for it (look at it every time).
+  virtual int32_t hint_slot() const { return -1; }
   // True when poll() and poll_cm() would find nothing new until a hint comes
   // for this endpoint (no blocked send, no verdict or wake-up pending, a peer
   // that marks hints).
@@ -246,11 +243,13 @@ class Domain {
   // knows more than the status says (e.g. which process holds a port);
   // empty otherwise.
   virtual std::string last_error_detail() const { return {}; }
-  // Appends the owners (Endpoint::set_hint_owner) of the endpoints that may
-  // have news since the last call, each once; a transport without hints
-  // appends nothing. An event loop then looks at those instead of at every
-  // endpoint.
-  virtual void take_hints(std::vector<uint64_t> *owners) { (void)owners; }
+  // Of the slots (Endpoint::hint_slot) set in mask[0..words) (slot s is bit
+  // s % 64 of word s / 64), appends those hinted since they were last taken,
+  // and takes their hints; a transport without hints appends nothing. An
+  // event loop then looks at those endpoints instead of at every endpoint.
+  virtual void take_hints(const uint64_t *mask, size_t words, std::vector<int32_t> *slots) {
+    (void)mask, (void)words, (void)slots;
+  }
 };
 
 // Opens the transport named by `spec` ("verbs", "fabric:tcp", "fabric:shm"; empty:

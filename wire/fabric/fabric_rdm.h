@@ -149,7 +149,9 @@ class RdmDomain final : public FabricDomainBase {
   shm::ShmWatchdog &watchdog() { return watchdog_; }
   // The socket every endpoint of the domain rings peers' bells from.
   int ringer() const { return ringer_; }
-  void take_hints(std::vector<uint64_t> *owners) override { hints_->take(owners); }
+  void take_hints(const uint64_t *mask, size_t words, std::vector<int32_t> *slots) override {
+    hints_->take(mask, words, slots);
+  }
   shm::HintBoard &hints() { return *hints_; }
 
   // Keeps a retired endpoint's fids until its peer has read its name exchange

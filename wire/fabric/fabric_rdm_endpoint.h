@@ -42,7 +42,7 @@ class RdmEndpoint final : public FabricEndpointBase {
   gs_status_t arm_wait() override { return arm(/*drain_bell=*/true); }
   gs_status_t arm_wait_fd_quiet() override { return arm(/*drain_bell=*/false); }
   bool maybe_ready() const override;
-  bool set_hint_owner(uint64_t owner) override;
+  int32_t hint_slot() const override { return shared_->board ? shared_->hint_slot : -1; }
   bool quiet_until_hinted() const override;
   void hint_self() override {
     if (shared_->board) shared_->board->mark(shared_->hint_slot);

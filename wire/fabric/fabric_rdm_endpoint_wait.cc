@@ -120,12 +120,6 @@ bool RdmEndpoint::maybe_ready() const {
          verdict_may_wait();
 }
 
-bool RdmEndpoint::set_hint_owner(uint64_t owner) {
-  if (!shared_->board) return false;
-  shared_->board->set_owner(shared_->hint_slot, owner);
-  return true;
-}
-
 bool RdmEndpoint::quiet_until_hinted() const {
   const shm::Bell &bell = shared_->bell;
   return shared_->board && state_ == State::kEstablished && peer_.bell.marks_hints() && bell.valid() && !signalled() &&

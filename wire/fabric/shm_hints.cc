@@ -61,7 +61,6 @@ bool HintBoard::open() {
     return false;
   }
   words_ = static_cast<std::atomic<uint64_t> *>(map);
-  owners_ = std::make_unique<std::atomic<uint64_t>[]>(kHintSlots);
   name_ = std::move(name);
   creator_ = getpid();
   unlink_at_exit(name_, true);
@@ -71,29 +70,23 @@ bool HintBoard::open() {
 int32_t HintBoard::take_slot() {
   if (words_ == nullptr) return -1;
   std::lock_guard lock(slots_mu_);
-  int32_t slot;
-  if (!free_slots_.empty()) {
-    slot = free_slots_.back();
-    free_slots_.pop_back();
-  } else if (next_slot_ < static_cast<int32_t>(kHintSlots)) {
-    slot = next_slot_++;
-    high_slot_.store(next_slot_, std::memory_order_release);
-  } else {
-    return -1;
+  if (!free_slots_.empty() &&
+      std::chrono::steady_clock::now() - free_slots_.front().second >= std::chrono::milliseconds(kSlotQuarantineMs)) {
+    const int32_t slot = free_slots_.front().first;
+    free_slots_.pop_front();
+    return slot;
   }
-  owners_[slot].store(0, std::memory_order_relaxed);
+  if (next_slot_ < static_cast<int32_t>(kHintSlots)) return next_slot_++;
+  if (free_slots_.empty()) return -1;
+  const int32_t slot = free_slots_.front().first;  // all taken: the oldest free one, in quarantine or not
+  free_slots_.pop_front();
   return slot;
 }
 
 void HintBoard::give_slot(int32_t slot) {
   if (words_ == nullptr || slot < 0) return;
-  owners_[slot].store(0, std::memory_order_relaxed);
   std::lock_guard lock(slots_mu_);
-  free_slots_.push_back(slot);
-}
-
-void HintBoard::set_owner(int32_t slot, uint64_t owner) {
-  if (words_ != nullptr && slot >= 0) owners_[slot].store(owner, std::memory_order_release);
+  free_slots_.emplace_back(slot, std::chrono::steady_clock::now());
 }
 
 void HintBoard::mark(int32_t slot) {
@@ -102,17 +95,15 @@ void HintBoard::mark(int32_t slot) {
   words_[slot / 64].fetch_or(uint64_t{1} << (slot % 64), std::memory_order_seq_cst);
 }
 
-void HintBoard::take(std::vector<uint64_t> *owners) {
+void HintBoard::take(const uint64_t *mask, size_t words, std::vector<int32_t> *slots) {
   if (words_ == nullptr) return;
-  const int32_t high = high_slot_.load(std::memory_order_acquire);
-  for (int32_t w = 0; w * 64 < high; ++w) {
-    if (words_[w].load(std::memory_order_relaxed) == 0) continue;
-    uint64_t bits = words_[w].exchange(0, std::memory_order_seq_cst);
+  words = std::min<size_t>(words, kHintSlots / 64);
+  for (size_t w = 0; w < words; ++w) {
+    if (mask[w] == 0 || (words_[w].load(std::memory_order_relaxed) & mask[w]) == 0) continue;
+    uint64_t bits = words_[w].fetch_and(~mask[w], std::memory_order_seq_cst) & mask[w];
     while (bits != 0) {
-      const int b = __builtin_ctzll(bits);
+      slots->push_back(static_cast<int32_t>(w * 64 + static_cast<size_t>(__builtin_ctzll(bits))));
       bits &= bits - 1;
-      const uint64_t owner = owners_[w * 64 + b].load(std::memory_order_acquire);
-      if (owner != 0) owners->push_back(owner);
     }
   }
 }

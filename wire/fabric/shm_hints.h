@@ -12,17 +12,21 @@
 // would wake us if we slept) and whenever it rings us or asks for a ring-back,
 // it sets our bit (a load first: no locked instruction while the bit is set).
 //
-// The owner takes the bits (an exchange per non-zero word) and hands each
-// slot's owner token (set by the socket layer, opaque here) to the caller.
-// Order: the peer stores, fences, then sets the bit; the taker exchanges the
-// word, then polls the endpoint, so a poll after a take sees every store
-// whose bit the take consumed. A bit set after the take is found by the next.
+// The owner's event loops each take the bits of their own endpoints (a
+// fetch-and of the word with their mask), so that one loop never takes
+// another's news. Order: the peer stores, fences, then sets the bit; the
+// taker clears the bit, then polls the endpoint, so a poll after a take sees
+// every store whose bit the take consumed. A bit set after the take is found
+// by the next. A slot given back is reused only after kSlotQuarantineMs, by
+// when every loop has looked at its members again and dropped it.
 #pragma once
 
 #include <sys/types.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -31,6 +35,7 @@
 namespace gpusock::wire::fabric::shm {
 
 constexpr uint32_t kHintSlots = 65536;  // bits: 8 KiB of board
+constexpr int kSlotQuarantineMs = 1000;
 constexpr char kHintsSuffix[] = ".hints";
 
 // Our board.
@@ -48,26 +53,22 @@ class HintBoard {
   // The board's shm name, for peers (fits kNameMax).
   const std::string &name() const { return name_; }
 
-  // A free slot, or -1 (no board, or all taken). Its owner token is 0.
+  // A free slot, or -1 (no board, or all taken).
   int32_t take_slot();
   void give_slot(int32_t slot);
-  // Hints for `slot` go to `owner` (0: to nobody).
-  void set_owner(int32_t slot, uint64_t owner);
   // Sets our own endpoint's bit (a change made here that no peer announces).
   void mark(int32_t slot);
-  // Appends the owner tokens of the slots marked since the last take (slots
-  // without an owner are dropped).
-  void take(std::vector<uint64_t> *owners);
+  // Of the slots in mask[0..words), appends those marked since their last
+  // take, and clears them.
+  void take(const uint64_t *mask, size_t words, std::vector<int32_t> *slots);
 
  private:
   std::atomic<uint64_t> *words_ = nullptr;
-  std::unique_ptr<std::atomic<uint64_t>[]> owners_;
   std::string name_;
   std::mutex slots_mu_;
-  std::vector<int32_t> free_slots_;
+  std::deque<std::pair<int32_t, std::chrono::steady_clock::time_point>> free_slots_;  // oldest first
   int32_t next_slot_ = 0;
-  std::atomic<int32_t> high_slot_{0};  // words at and above high_slot_/64 are never marked
-  pid_t creator_ = 0;                  // a forked child's copy removes nothing of its parent's
+  pid_t creator_ = 0;  // a forked child's copy removes nothing of its parent's
 };
 
 // A peer endpoint's bit on its owner's board. Move-only.

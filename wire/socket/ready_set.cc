@@ -6,16 +6,33 @@
 #include <sys/epoll.h>
 
 #include <algorithm>
+#include <cstdlib>
 
 namespace gpusock::socket {
 namespace {
 
-// The process's sets by id, for handing hints over. Never destroyed: sets may
-// go after static destructors.
+void add(std::atomic<uint64_t> &counter, uint64_t n) {
+  if (n != 0) counter.fetch_add(n, std::memory_order_relaxed);
+}
+
+void sum_into(ReadySet::Stats &to, const ReadySet::Stats &from) {
+  const auto get = [](const std::atomic<uint64_t> &c) { return c.load(std::memory_order_relaxed); };
+  add(to.passes, get(from.passes));
+  add(to.full_passes, get(from.full_passes));
+  add(to.empty_passes, get(from.empty_passes));
+  add(to.looks, get(from.looks));
+  add(to.reported, get(from.reported));
+  add(to.not_quiet, get(from.not_quiet));
+  add(to.hinted, get(from.hinted));
+}
+
+// The process's sets, and the sums of those gone, for the counts at exit.
+// Never destroyed: sets may go after static destructors.
 struct Registry {
   std::mutex mu;
-  uint32_t next_id = 1;  // 0 would make token 0, "nobody"
-  std::unordered_map<uint32_t, ReadySet *> sets;
+  std::vector<const ReadySet *> live;
+  ReadySet::Stats gone;
+  bool logging = false;
 };
 
 Registry &registry() {
@@ -23,36 +40,58 @@ Registry &registry() {
   return *r;
 }
 
-uint32_t register_set(ReadySet *set) {
+void log_stats_at_exit() {
+  ReadySet::Stats sum;
   Registry &r = registry();
-  std::lock_guard lock(r.mu);
-  const uint32_t id = r.next_id++;
-  r.sets[id] = set;
-  return id;
-}
-
-void hand_over(uint64_t owner) {
-  Registry &r = registry();
-  std::lock_guard lock(r.mu);
-  auto it = r.sets.find(static_cast<uint32_t>(owner >> 32));
-  if (it != r.sets.end()) it->second->post(static_cast<int>(static_cast<uint32_t>(owner)));
+  {
+    std::lock_guard lock(r.mu);
+    sum_into(sum, r.gone);
+    for (const ReadySet *set : r.live) sum_into(sum, set->stats());
+  }
+  const auto get = [](const std::atomic<uint64_t> &c) { return static_cast<unsigned long long>(c.load()); };
+  Engine::get().log(1,
+                    "readiness sets: %llu passes (%llu full, %llu empty), %llu looks, %llu ready, %llu looked at "
+                    "again for want of hints, %llu hinted",
+                    get(sum.passes), get(sum.full_passes), get(sum.empty_passes), get(sum.looks), get(sum.reported),
+                    get(sum.not_quiet), get(sum.hinted));
 }
 
 }  // namespace
 
-ReadySet::ReadySet()
-    : id_(register_set(this)), full_every_(std::chrono::milliseconds(env_or("GPUSOCK_READY_SET_FULL_MS", 10))) {}
+ReadySet::ReadySet() : full_every_(std::chrono::milliseconds(env_or("GPUSOCK_READY_SET_FULL_MS", 10))) {
+  Registry &r = registry();
+  std::lock_guard lock(r.mu);
+  if (!r.logging) {
+    r.logging = true;
+    std::atexit(&log_stats_at_exit);
+  }
+  r.live.push_back(this);
+}
 
 ReadySet::~ReadySet() {
-  {
-    Registry &r = registry();
-    std::lock_guard lock(r.mu);
-    r.sets.erase(id_);
+  Registry &r = registry();
+  std::lock_guard lock(r.mu);
+  r.live.erase(std::remove(r.live.begin(), r.live.end(), this), r.live.end());
+  sum_into(r.gone, stats_);
+}
+
+void ReadySet::set_slot_locked(int fd, Member &m, int32_t slot) {
+  if (m.slot == slot) return;
+  if (m.slot >= 0) {
+    mask_[static_cast<size_t>(m.slot) / 64] &= ~(uint64_t{1} << (m.slot % 64));
+    slot_fd_.erase(m.slot);
   }
-  std::lock_guard lock(mu_);
-  for (auto &[fd, m] : members_)
-    if (m.hinted)
-      if (auto socket = Engine::get().find(fd); socket && socket.get() == m.socket) socket->set_hint_owner(0);
+  m.slot = slot;
+  if (slot < 0) return;
+  const size_t word = static_cast<size_t>(slot) / 64;
+  if (mask_.size() <= word) mask_.resize(word + 1, 0);
+  mask_[word] |= uint64_t{1} << (slot % 64);
+  slot_fd_[slot] = fd;
+}
+
+void ReadySet::erase_locked(std::unordered_map<int, Member>::iterator it) {
+  set_slot_locked(it->first, it->second, -1);
+  members_.erase(it);  // a stale entry in look_ is skipped
 }
 
 int ReadySet::ctl(int op, int fd, short events) {
@@ -62,8 +101,11 @@ int ReadySet::ctl(int op, int fd, short events) {
   auto it = members_.find(fd);
   switch (op) {
     case EPOLL_CTL_ADD:
-      if (it != members_.end() && it->second.socket == socket.get()) return -EEXIST;
-      members_[fd] = Member{events, socket.get(), false, false};
+      if (it != members_.end()) {
+        if (it->second.socket == socket.get()) return -EEXIST;
+        erase_locked(it);  // the fd of a socket closed behind our back
+      }
+      members_[fd] = Member{events, socket.get()};
       queue_locked(fd);
       return 0;
     case EPOLL_CTL_MOD:
@@ -73,17 +115,11 @@ int ReadySet::ctl(int op, int fd, short events) {
       return 0;
     case EPOLL_CTL_DEL:
       if (it == members_.end()) return -ENOENT;
-      if (it->second.hinted && it->second.socket == socket.get()) socket->set_hint_owner(0);
-      members_.erase(it);  // a stale entry in look_ is skipped
+      erase_locked(it);
       return 0;
     default:
       return -EINVAL;
   }
-}
-
-void ReadySet::post(int fd) {
-  std::lock_guard lock(inbox_mu_);
-  inbox_.push_back(fd);
 }
 
 void ReadySet::queue_locked(int fd) {
@@ -95,18 +131,12 @@ void ReadySet::queue_locked(int fd) {
 
 void ReadySet::take_hints_locked() {
   wire::Domain *domain = Engine::get().opened_domain();
-  owners_.clear();
-  if (domain != nullptr) domain->take_hints(&owners_);
-  for (uint64_t owner : owners_) {
-    if (static_cast<uint32_t>(owner >> 32) == id_) queue_locked(static_cast<int>(static_cast<uint32_t>(owner)));
-    else hand_over(owner);
-  }
-  std::vector<int> inbox;
-  {
-    std::lock_guard lock(inbox_mu_);
-    inbox.swap(inbox_);
-  }
-  for (int fd : inbox) queue_locked(fd);
+  if (domain == nullptr || mask_.empty()) return;
+  slots_.clear();
+  domain->take_hints(mask_.data(), mask_.size(), &slots_);
+  for (int32_t slot : slots_)
+    if (auto it = slot_fd_.find(slot); it != slot_fd_.end()) queue_locked(it->second);
+  add(stats_.hinted, slots_.size());
 }
 
 void ReadySet::gather_locked() {
@@ -118,10 +148,10 @@ void ReadySet::gather_locked() {
     it->second.pass = pass_;
     auto socket = Engine::get().find(fd);
     if (!socket || socket.get() != it->second.socket) {  // closed behind the caller's back, or the fd reused
-      members_.erase(it);
+      erase_locked(it);
       continue;
     }
-    const int look_fd = it->second.hinted ? -1 : socket->look_fd();
+    const int look_fd = it->second.slot >= 0 ? -1 : socket->look_fd();
     batch_.push_back(Candidate{fd, std::move(socket), look_fd, -1});
   }
   // Members without hints whose transport lets a quiet wait fd stand for an
@@ -147,6 +177,7 @@ int ReadySet::poll(pollfd *out, int max, bool *all) {
   if (all != nullptr) *all = full;
   gather_locked();
   int n = 0;
+  uint64_t looks = 0, not_quiet = 0;
   next_.clear();
   kept_.clear();
   for (Candidate &c : batch_) {
@@ -156,14 +187,24 @@ int ReadySet::poll(pollfd *out, int max, bool *all) {
       continue;
     }
     bool quiet = false;
-    const short ready = c.socket->look_for_set(m.events, c.quiet_fd, token(c.fd), &m.hinted, &quiet);
+    int32_t slot = -1;
+    const short ready = c.socket->look_for_set(m.events, c.quiet_fd, &slot, &quiet);
+    set_slot_locked(c.fd, m, slot);
+    ++looks;
     if (ready != 0) out[n++] = pollfd{c.fd, m.events, ready};
+    not_quiet += ready == 0 && !quiet;
     if (ready != 0 || !quiet) kept_.push_back(c.fd);
     else m.queued = false;
   }
   batch_.clear();                                         // no socket kept alive by the set between passes
   next_.insert(next_.end(), kept_.begin(), kept_.end());  // those not looked at go first next time
   look_.swap(next_);
+  add(stats_.passes, 1);
+  add(stats_.full_passes, full);
+  add(stats_.empty_passes, n == 0);
+  add(stats_.looks, looks);
+  add(stats_.reported, static_cast<uint64_t>(n));
+  add(stats_.not_quiet, not_quiet);
   return n;
 }
 

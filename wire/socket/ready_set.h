@@ -4,13 +4,13 @@
 //
 // A pass looks at a member when:
 //   - its transport hinted it (wire::Domain::take_hints: fabric:shm's peers
-//     mark a bit wherever they may have news for it); the hint's owner token
-//     names this set and the member's fd, and a pass that takes another set's
-//     hints hands them over (every set of the process takes from one board);
+//     mark a bit of the member's slot wherever they may have news for it);
+//     a set takes only the bits of its own members' slots, so sets of one
+//     process never take each other's news;
 //   - it was ready at the last look (level-triggered: looked at until found
 //     not ready), or its endpoint cannot promise that only a hint brings news
 //     (a listener, a connect under way, a transport without hints, a blocked
-//     send, a peer that marks no hints);
+//     send, work taken and not yet consumed);
 //   - it was added or changed since;
 //   - a full pass is due: every member every GPUSOCK_READY_SET_FULL_MS
 //     (10), for what comes without a hint (a dead peer's verdict, keepalive,
@@ -19,6 +19,7 @@
 
 #include <poll.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -44,44 +45,52 @@ class ReadySet {
   // revents) and returns how many. `all`: set to whether it looked at every
   // member (a full pass).
   int poll(pollfd *out, int max, bool *all = nullptr);
-  // A hint for member fd, from another set's pass.
-  void post(int fd);
+
+  // What the passes did (GPUSOCK_LOG=info prints the process's sums at exit).
+  struct Stats {
+    std::atomic<uint64_t> passes{0}, full_passes{0}, empty_passes{0};
+    std::atomic<uint64_t> looks{0};      // members looked at
+    std::atomic<uint64_t> reported{0};   // of those, ready
+    std::atomic<uint64_t> not_quiet{0};  // not ready, looked at again for want of hints
+    std::atomic<uint64_t> hinted{0};     // members the transport's hints named
+  };
+  const Stats &stats() const { return stats_; }
 
  private:
   struct Member {
     short events = 0;
     const StreamSocket *socket = nullptr;  // identity: a reused fd is a new member
-    bool hinted = false;                   // hints for it come to this set
+    int32_t slot = -1;                     // its endpoint's hint slot, in mask_
     bool queued = false;                   // in look_
     uint64_t pass = 0;                     // the last pass that looked at it
   };
-  uint64_t token(int fd) const { return (static_cast<uint64_t>(id_) << 32) | static_cast<uint32_t>(fd); }
-  void take_hints_locked();
-  void queue_locked(int fd);
-  // The members look_ names into batch_ (closed ones leave the set), with
-  // the quiet wait fds of those without hints found in one poll(2).
-  void gather_locked();
   struct Candidate {
     int fd;
     std::shared_ptr<StreamSocket> socket;
     int look_fd;   // StreamSocket::look_fd(), or -1
     int quiet_fd;  // look_fd when found not readable, else -1
   };
+  void take_hints_locked();
+  void queue_locked(int fd);
+  void set_slot_locked(int fd, Member &m, int32_t slot);
+  void erase_locked(std::unordered_map<int, Member>::iterator it);
+  // The members look_ names into batch_ (closed ones leave the set), with
+  // the quiet wait fds of those without hints found in one poll(2).
+  void gather_locked();
 
-  const uint32_t id_;
   std::mutex mu_;
   std::unordered_map<int, Member> members_;
-  std::vector<int> look_;  // members the next pass looks at
-  std::vector<int> next_;  // scratch: those the pass after it will
-  std::vector<int> kept_;  // scratch: looked at, and looked at again next time
-  std::vector<uint64_t> owners_;
+  std::vector<uint64_t> mask_;                // the members' slots, bit s % 64 of word s / 64
+  std::unordered_map<int32_t, int> slot_fd_;  // slot -> member fd
+  std::vector<int> look_;                     // members the next pass looks at
+  std::vector<int> next_, kept_;              // scratch of a pass
+  std::vector<int32_t> slots_;                // scratch: hinted slots
   std::vector<Candidate> batch_;
   std::vector<pollfd> fd_looks_;
   const std::chrono::milliseconds full_every_;
   std::chrono::steady_clock::time_point next_full_{};
   uint64_t pass_ = 0;
-  std::mutex inbox_mu_;
-  std::vector<int> inbox_;  // hints handed over by other sets
+  Stats stats_;
 };
 
 }  // namespace gpusock::socket

@@ -660,18 +660,13 @@ int StreamSocket::look_fd() {
   return ep != nullptr ? ep->wait_fd() : -1;
 }
 
-short StreamSocket::look_for_set(short requested, int quiet_fd, uint64_t hint_owner, bool *hinted, bool *quiet) {
+short StreamSocket::look_for_set(short requested, int quiet_fd, int32_t *slot, bool *quiet) {
   std::lock_guard lock(mu_);
   const short ready = ready_events_locked(requested, quiet_fd);
-  Endpoint *ep = role_ == Role::kConnected && !closing_ ? conn_.endpoint() : nullptr;
-  if (ep != nullptr && !*hinted) *hinted = ep->set_hint_owner(hint_owner);
-  *quiet = ep != nullptr && *hinted && ep->quiet_until_hinted();
+  const Endpoint *ep = role_ == Role::kConnected && !closing_ ? conn_.endpoint() : nullptr;
+  *slot = ep != nullptr ? ep->hint_slot() : -1;
+  *quiet = *slot >= 0 && ep->quiet_until_hinted();
   return ready;
-}
-
-void StreamSocket::set_hint_owner(uint64_t owner) {
-  std::lock_guard lock(mu_);
-  if (Endpoint *ep = conn_.endpoint()) ep->set_hint_owner(owner);
 }
 
 void StreamSocket::list_wait_fds(std::vector<pollfd> *fds) {

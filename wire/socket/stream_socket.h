@@ -92,12 +92,10 @@ class StreamSocket {
   // found not readable (Endpoint::arm_wait_fd_quiet).
   Armed prepare_sleep(int waker_fd, short requested, std::vector<pollfd> *fds,
                       const std::vector<int> *quiet_fds = nullptr);
-  // For a readiness set (ready_set.h): ready_events(requested, quiet_fd); then
-  // *quiet: until a hint comes for it, nothing new can be found here; and
-  // while *hinted is false, hints for it go to `hint_owner` from now on if
-  // its transport gives any (then *hinted becomes true).
-  short look_for_set(short requested, int quiet_fd, uint64_t hint_owner, bool *hinted, bool *quiet);
-  void set_hint_owner(uint64_t owner);
+  // For a readiness set (ready_set.h): ready_events(requested, quiet_fd);
+  // then *slot: its endpoint's hint slot (-1: no hints), and *quiet: until a
+  // hint comes for that slot, nothing new can be found here.
+  short look_for_set(short requested, int quiet_fd, int32_t *slot, bool *quiet);
   // Appends the fds prepare_sleep would sleep on (no arming).
   void list_wait_fds(std::vector<pollfd> *fds);
   void remove_sleeper(int waker_fd);

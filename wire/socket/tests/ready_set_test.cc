@@ -117,8 +117,8 @@ TEST(ReadySet, MoreReadyThanMaxAreAllReportedInTurn) {
   gs_ready_set_destroy(set);
 }
 
-// Two sets in one process share the transport's hints: a look at one set
-// takes the other's too and hands them over.
+// Two sets in one process share the transport's board: each takes only its
+// own members' hints.
 TEST(ReadySet, TwoSetsEachGetTheirOwnNews) {
   Pairs p(8);
   ASSERT_TRUE(p.ok(8)) << gs_last_error();
@@ -130,7 +130,7 @@ TEST(ReadySet, TwoSetsEachGetTheirOwnNews) {
   EXPECT_TRUE(ready_fds(b, POLLIN, 0).empty());
   ASSERT_TRUE(send_all(p.clients[5], "x", 1));
   ASSERT_TRUE(send_all(p.clients[2], "x", 1));
-  EXPECT_EQ(ready_fds(a, POLLIN, 1), std::set<int>{p.servers[2]});  // takes b's hint too
+  EXPECT_EQ(ready_fds(a, POLLIN, 1), std::set<int>{p.servers[2]});
   EXPECT_EQ(ready_fds(b, POLLIN, 1), std::set<int>{p.servers[5]});
   gs_ready_set_destroy(a);
   gs_ready_set_destroy(b);
