@@ -36,7 +36,7 @@
 static int g_port;
 static size_t g_bytes;
 static int g_shutdown_mode;
-static sem_t g_writes_done;  /* the sender has written everything and stopped writing */
+static sem_t g_writes_done; /* the sender has written everything and stopped writing */
 static int g_sender_failed;
 
 static unsigned char pattern(size_t i) { return (unsigned char)(i * 131 + (i >> 13)); }
@@ -114,8 +114,8 @@ static void check_half_closed(int ep, int fd, const char *when) {
   short r = poll_now(fd, POLLIN);
   CHECK(r == POLLIN, "%s: poll(POLLIN) gives POLLIN (got 0x%x)", when, r);
   r = poll_now(fd, POLLIN | POLLOUT | POLLRDHUP);
-  CHECK(r == (POLLIN | POLLOUT | POLLRDHUP), "%s: poll(POLLIN|POLLOUT|POLLRDHUP) gives all three, no POLLHUP (got 0x%x)",
-        when, r);
+  CHECK(r == (POLLIN | POLLOUT | POLLRDHUP),
+        "%s: poll(POLLIN|POLLOUT|POLLRDHUP) gives all three, no POLLHUP (got 0x%x)", when, r);
   e = epoll_report(ep, fd, EPOLLIN | EPOLLOUT | EPOLLRDHUP);
   CHECK(e == (EPOLLIN | EPOLLOUT | EPOLLRDHUP), "%s: epoll gives EPOLLIN|EPOLLOUT|EPOLLRDHUP, no EPOLLHUP (got 0x%x)",
         when, e);
