@@ -12,7 +12,8 @@
  * The checks: getsockname/getpeername give AF_INET 127.0.0.1 and the
  * connection's ports (also into a sockaddr_in-sized buffer and on a dup),
  * SO_DOMAIN AF_INET, SO_PROTOCOL IPPROTO_TCP, SO_TYPE SOCK_STREAM, SO_PEERCRED
- * no process (pid 0, as TCP has no peer credentials), TCP_NODELAY can be set.
+ * no process (pid 0, as TCP has no peer credentials), TCP_NODELAY can be set,
+ * sendto with the peer's address sends (TCP ignores the address).
  * Exit status: the number of failed checks. EXPECT_GPUSOCK=1: the server's
  * accepted socket must be a gpusock socket. */
 #define _GNU_SOURCE
@@ -130,7 +131,12 @@ static int child(int fd, int local_port, int peer_port) {
   name_of(fd, 0, local, sizeof local, &rc);
   name_of(fd, 1, peer, sizeof peer, &rc);
   const int n = snprintf(line, sizeof line, "local %s peer %s\n", local, peer);
-  CHECK(write_all(fd, line, (size_t)n) == 0, "exec'd child: replied '%.*s'", n - 1, line);
+  /* TCP ignores the address of a sendto on a connected socket. */
+  struct sockaddr_storage to;
+  socklen_t to_len = sizeof to;
+  getpeername(fd, (struct sockaddr *)&to, &to_len);
+  CHECK(sendto(fd, line, (size_t)n, 0, (struct sockaddr *)&to, to_len) == n,
+        "exec'd child: replied '%.*s' with sendto to the peer's address", n - 1, line);
   close(fd);
   return failures;
 }
