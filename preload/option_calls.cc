@@ -76,8 +76,7 @@ int kernel_setsockopt(int fd, int level, int name, const void *val, socklen_t le
   const int r = real().setsockopt(fd, level, name, val, len);
   if (r == 0 || (level != IPPROTO_TCP && level != IPPROTO_IP && level != IPPROTO_IPV6)) return r;
   const int saved = errno;
-  ConnectionNames names;
-  if (relay_end_names(fd, &names)) return 0;
+  if (is_relay_end(fd)) return 0;
   errno = saved;
   return r;
 }

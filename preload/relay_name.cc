@@ -84,6 +84,11 @@ bool relay_end_names(int fd, ConnectionNames *out) {
          decode_one(un.sun_path, n, &at, &out->peer, &out->peer_len);
 }
 
+bool is_relay_end(int fd) {
+  ConnectionNames names;
+  return relay_end_names(fd, &names);
+}
+
 void copy_address_out(const sockaddr_storage &from, socklen_t from_len, sockaddr *to, socklen_t *len) {
   std::memcpy(to, &from, std::min(*len, from_len));
   *len = from_len;

@@ -23,6 +23,8 @@ bool name_relay_end(int c, const ConnectionNames &names);
 // the names of its connection.
 bool relay_end_names(int fd, ConnectionNames *out);
 
+bool is_relay_end(int fd);
+
 // Copies an address out as getsockname does: truncated to *len, *len set to
 // its full length.
 void copy_address_out(const sockaddr_storage &from, socklen_t from_len, sockaddr *to, socklen_t *len);
