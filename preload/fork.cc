@@ -6,6 +6,7 @@
 #include "preload/fd_table.h"
 #include "preload/listeners.h"
 #include "preload/relay.h"
+#include "preload/relay_name.h"
 #include "preload/routing.h"
 
 #include <gpusock/socket.h>
@@ -51,6 +52,16 @@ Sockets inherited_sockets() {
   return socks;
 }
 
+// The child's end answers getsockname/getpeername with the connection's
+// addresses, as the kernel socket it stands for would (relay_name.h).
+void name_child_end(int fd, int c) {
+  ConnectionNames names;
+  names.local_len = names.peer_len = sizeof(sockaddr_storage);
+  if (gs_getsockname(fd, reinterpret_cast<sockaddr *>(&names.local), &names.local_len) < 0 ||
+      gs_getpeername(fd, reinterpret_cast<sockaddr *>(&names.peer), &names.peer_len) < 0 || !name_relay_end(c, names))
+    log(1, "fork: the child's end of fd %d does not carry the connection's addresses (it reads as AF_UNIX)", fd);
+}
+
 // What the child gets for each socket: a listener a placeholder kernel socket
 // (it is dormant there, listeners.h), a connection its end of a relay's
 // socketpair.
@@ -77,6 +88,7 @@ void make_child_ends(Sockets &socks) {
     if (gr.g >= 0) {
       gs_fcntl(gr.g, F_SETFD, FD_CLOEXEC);
       set_kind(gr.g, kInternal);
+      name_child_end(first, gr.c);
     } else {
       R.close(gr.r);
       R.close(gr.c);

@@ -2,6 +2,7 @@
 // sendto, recvmsg, sendmsg, sendfile and the fortified entry points). On a
 // gpusock socket each is one receive path (recv_iov) or one send path
 // (send_iov); blocking ones are non-blocking attempts and the shim's waits.
+#include "preload/relay_name.h"
 #include "preload/wait.h"
 
 #include <gpusock/socket.h>
@@ -188,8 +189,22 @@ GS_EXPORT ssize_t recvfrom(int fd, void *buf, size_t n, int flags, sockaddr *fro
   return r;
 }
 
+namespace {
+
+// A fork relay's child end is a connected AF_UNIX stream, which refuses a
+// destination address (EISCONN) where TCP ignores it.
+bool refused_address_on_relay_end(ssize_t r, int fd, const void *to) {
+  return r < 0 && errno == EISCONN && to && !t_inside && is_relay_end(fd);
+}
+
+}  // namespace
+
 GS_EXPORT ssize_t sendto(int fd, const void *buf, size_t n, int flags, const sockaddr *to, socklen_t tolen) {
-  if (t_inside || kind_of(fd) != kGs) return real().sendto(fd, buf, n, flags, to, tolen);
+  if (t_inside || kind_of(fd) != kGs) {
+    const ssize_t r = real().sendto(fd, buf, n, flags, to, tolen);
+    if (refused_address_on_relay_end(r, fd, to)) return real().sendto(fd, buf, n, flags, nullptr, 0);
+    return r;
+  }
   iovec iov{const_cast<void *>(buf), n};
   return send_iov(fd, &iov, 1, flags);  // connected stream: the address is ignored, as TCP does
 }
@@ -210,7 +225,14 @@ GS_EXPORT ssize_t recvmsg(int fd, msghdr *msg, int flags) {
 }
 
 GS_EXPORT ssize_t sendmsg(int fd, const msghdr *msg, int flags) {
-  if (t_inside || kind_of(fd) != kGs) return real().sendmsg(fd, msg, flags);
+  if (t_inside || kind_of(fd) != kGs) {
+    const ssize_t r = real().sendmsg(fd, msg, flags);
+    if (!msg || !refused_address_on_relay_end(r, fd, msg->msg_name)) return r;
+    msghdr without_address = *msg;
+    without_address.msg_name = nullptr;
+    without_address.msg_namelen = 0;
+    return real().sendmsg(fd, &without_address, flags);
+  }
   if (!msg) {
     errno = EFAULT;
     return -1;

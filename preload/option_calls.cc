@@ -3,6 +3,7 @@
 // kernel and are recorded for the upgrade; on a gpusock socket the library
 // answers, with the shim emulating what it has no notion of.
 #include "preload/listeners.h"
+#include "preload/relay_name.h"
 #include "preload/routing.h"
 
 #include <gpusock/socket.h>
@@ -26,23 +27,78 @@ GS_EXPORT int shutdown(int fd, int how) {
   return libc_result(gs_shutdown(fd, how));
 }
 
+namespace {
+
+// The kernel's getsockname/getpeername of fd; a fork relay's child end
+// answers with its connection's addresses instead of its own AF_UNIX ones.
+int kernel_name(int fd, bool peer, sockaddr *addr, socklen_t *len) {
+  const socklen_t room = len ? *len : 0;
+  const int r = peer ? real().getpeername(fd, addr, len) : real().getsockname(fd, addr, len);
+  ConnectionNames names;
+  if (r < 0 || t_inside || room < sizeof(sa_family_t) || addr->sa_family != AF_UNIX || !relay_end_names(fd, &names))
+    return r;
+  *len = room;
+  if (peer) copy_address_out(names.peer, names.peer_len, addr, len);
+  else copy_address_out(names.local, names.local_len, addr, len);
+  return 0;
+}
+
+// SO_PEERCRED of a TCP connection: the kernel records no peer process.
+int no_peer_credentials(void *val, socklen_t *len) {
+  if (!val || !len) {
+    errno = EFAULT;
+    return -1;
+  }
+  const ucred none{0, static_cast<uid_t>(-1), static_cast<gid_t>(-1)};
+  *len = std::min<socklen_t>(*len, sizeof none);
+  std::memcpy(val, &none, *len);
+  return 0;
+}
+
+// A kernel socket's option; on a fork relay's child end, the SOL_SOCKET
+// options that would reveal AF_UNIX answer as the TCP connection's.
+int kernel_getsockopt(int fd, int level, int name, void *val, socklen_t *len) {
+  const int r = real().getsockopt(fd, level, name, val, len);
+  if (r < 0 || t_inside || level != SOL_SOCKET || !val || !len || *len < sizeof(int)) return r;
+  const bool unix_answer = (name == SO_DOMAIN && *static_cast<int *>(val) == AF_UNIX) ||
+                           (name == SO_PROTOCOL && *static_cast<int *>(val) == 0) || name == SO_PEERCRED;
+  ConnectionNames names;
+  if (!unix_answer || !relay_end_names(fd, &names)) return r;
+  if (name == SO_PEERCRED) return no_peer_credentials(val, len);
+  *static_cast<int *>(val) =
+      name == SO_DOMAIN ? static_cast<int>(names.local.ss_family) : static_cast<int>(IPPROTO_TCP);
+  return 0;
+}
+
+// IP and TCP options on a fork relay's child end are accepted and ignored:
+// the connection they would tune lives in the parent.
+int kernel_setsockopt(int fd, int level, int name, const void *val, socklen_t len) {
+  const int r = real().setsockopt(fd, level, name, val, len);
+  if (r == 0 || (level != IPPROTO_TCP && level != IPPROTO_IP && level != IPPROTO_IPV6)) return r;
+  const int saved = errno;
+  if (is_relay_end(fd)) return 0;
+  errno = saved;
+  return r;
+}
+
+}  // namespace
+
 GS_EXPORT int getsockname(int fd, sockaddr *addr, socklen_t *len) {
   if (!t_inside && kind_of(fd) == kDormant) {  // the address it listens on
     auto spec = dormant_spec(fd);
     if (spec && addr && len) {
       std::lock_guard lock(spec->mu);
-      std::memcpy(addr, &spec->addr, std::min<socklen_t>(*len, spec->addr_len));
-      *len = spec->addr_len;
+      copy_address_out(spec->addr, spec->addr_len, addr, len);
       return 0;
     }
   }
-  if (t_inside || kind_of(fd) != kGs) return real().getsockname(fd, addr, len);
+  if (t_inside || kind_of(fd) != kGs) return kernel_name(fd, false, addr, len);
   Inside guard;
   return libc_result(gs_getsockname(fd, addr, len));
 }
 
 GS_EXPORT int getpeername(int fd, sockaddr *addr, socklen_t *len) {
-  if (t_inside || kind_of(fd) != kGs) return real().getpeername(fd, addr, len);
+  if (t_inside || kind_of(fd) != kGs) return kernel_name(fd, true, addr, len);
   Inside guard;
   return libc_result(gs_getpeername(fd, addr, len));
 }
@@ -88,7 +144,7 @@ GS_EXPORT int setsockopt(int fd, int level, int name, const void *val, socklen_t
     note_listen_option(dormant_spec(fd), level, name, val, len);
     return 0;
   }
-  if (k != kGs) return R.setsockopt(fd, level, name, val, len);
+  if (k != kGs) return kernel_setsockopt(fd, level, name, val, len);
   if (auto info = sock_info(fd); info && info->spec && !info->listening)  // a listener to be
     note_listen_option(info->spec, level, name, val, len);
   if (level == SOL_SOCKET && (name == SO_RCVTIMEO || name == SO_SNDTIMEO)) {
@@ -116,7 +172,9 @@ GS_EXPORT int getsockopt(int fd, int level, int name, void *val, socklen_t *len)
     *len = sizeof(int);
     return 0;
   }
-  if (t_inside || kind_of(fd) != kGs) return R.getsockopt(fd, level, name, val, len);
+  if (t_inside) return R.getsockopt(fd, level, name, val, len);
+  if (kind_of(fd) != kGs) return kernel_getsockopt(fd, level, name, val, len);
+  if (level == SOL_SOCKET && name == SO_PEERCRED) return no_peer_credentials(val, len);
   if (level == SOL_SOCKET && (name == SO_RCVTIMEO || name == SO_SNDTIMEO)) {
     if (!val || !len || *len < sizeof(timeval)) {
       errno = EINVAL;

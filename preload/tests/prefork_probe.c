@@ -68,18 +68,9 @@ static int failures;
     fflush(stdout);                                                         \
   } while (0)
 
-static int is_gpusock(int fd) {
-  char path[64], link[128];
-  snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
-  ssize_t n = readlink(path, link, sizeof link - 1);
-  if (n < 0) return 0;
-  link[n] = 0;
-  return strstr(link, "eventfd") != NULL;
-}
-
 static void expect_gpusock(int fd, const char *what) {
   const char *want = getenv("EXPECT_GPUSOCK");
-  if (want && atoi(want)) CHECK(is_gpusock(fd), "%s fd %d is a gpusock socket", what, fd);
+  if (want && atoi(want)) CHECK(fd_is_gpusock(fd), "%s fd %d is a gpusock socket", what, fd);
 }
 
 /* The server's address: $PREFORK_ADDR (an RDMA NIC's), else 127.0.0.1. */

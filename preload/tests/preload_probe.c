@@ -69,38 +69,6 @@ static void expect_kind(int fd, const char *what) {
   CHECK(!strcmp(k, atoi(want) ? "gpusock" : "kernel"), "%s fd %d is a %s socket", what, fd, k);
 }
 
-static int tcp_listen(int port, int flags) {
-  int fd = socket(AF_INET, SOCK_STREAM | flags, 0);
-  if (fd < 0) return -1;
-  int one = 1;
-  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (bind(fd, (struct sockaddr *)&a, sizeof a) < 0 || listen(fd, 16) < 0) {
-    int e = errno;
-    close(fd);
-    errno = e;
-    return -1;
-  }
-  return fd;
-}
-
-static int tcp_connect(int port, int flags) {
-  int fd = socket(AF_INET, SOCK_STREAM | flags, 0);
-  if (fd < 0) return -1;
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  for (int tries = 0;; ++tries) {
-    if (connect(fd, (struct sockaddr *)&a, sizeof a) == 0 || errno == EINPROGRESS) return fd;
-    if (errno != ECONNREFUSED || tries > 50) break;
-    usleep(100000); /* the server may still be starting */
-  }
-  int e = errno;
-  close(fd);
-  errno = e;
-  return -1;
-}
-
 static int read_all(int fd, void *buf, size_t n) {
   char *p = buf;
   while (n) {

@@ -698,14 +698,22 @@ short StreamSocket::ready_events_locked(short requested, int quiet_fd) {
     case Role::kAccepting:
       break;
     case Role::kConnected: {
-      const bool closed = conn_.core().recv_closed();
-      if (conn_.core().recv_available() > 0 || closed) ev |= POLLIN | POLLRDNORM;
-      if (closed && conn_.core().readable_dir() == false && conn_.core().state() == StreamState::kConnected)
-        ev |= POLLRDHUP;
-      if (conn_.core().send_status() == 0 && conn_.core().send_free() >= std::min(kSndLowat, conn_.core().sbuf_size()))
+      // As Linux's tcp_poll: a direction that is down reads as EOF (POLLIN,
+      // POLLRDHUP) or writes without blocking (POLLOUT, the write fails);
+      // POLLHUP only once both are down, and a reset (kError) is all of them.
+      // The peer's DISCONNECT ends its writing only: ours stays up until we
+      // shut it down, as a peer's FIN leaves TCP in CLOSE_WAIT.
+      const wire::Stream &core = conn_.core();
+      const bool failed = core.state() == StreamState::kError;
+      const bool in_down = core.recv_closed();
+      const bool out_down = !core.writable_dir() || failed;
+      if (core.recv_available() > 0 || in_down) ev |= POLLIN | POLLRDNORM;
+      if (in_down) ev |= POLLRDHUP;
+      if (out_down || core.state() == StreamState::kDisconnected ||
+          core.send_free() >= std::min(kSndLowat, core.sbuf_size()))
         ev |= POLLOUT | POLLWRNORM;
-      if (conn_.core().state() == StreamState::kDisconnected) ev |= POLLHUP | POLLRDHUP;
-      if (conn_.core().state() == StreamState::kError) ev |= POLLERR | POLLHUP | POLLOUT;
+      if (in_down && out_down) ev |= POLLHUP;
+      if (failed) ev |= POLLERR;
       break;
     }
     default:
