@@ -290,14 +290,13 @@ int emulated_epoll_wait(int epfd, EpollSet *set, epoll_event *events, int maxeve
     return n;
   };
   auto sleep = [&](const timespec *until, const timespec *step) -> int {
-    static thread_local std::vector<pollfd> gs;
-    gs.clear();
+    gs_ready_set_t *ready;
     {
       std::lock_guard lock(set->mu);
-      for (const EpollEntry &e : set->entries)
-        if (e.gs && !e.disarmed) gs.push_back({e.fd, static_cast<short>(e.events & 0x3fff), 0});
+      ready = set->ready;
     }
-    return sleep_on_events(gs, {pollfd{epfd, POLLIN, 0}}, until, step, sigmask);
+    return sleep_on_set(ready, static_cast<size_t>(set->gs_count.load()), {pollfd{epfd, POLLIN, 0}}, until, step,
+                        sigmask);
   };
   return wait_loop(timeout, check, sleep);
 }

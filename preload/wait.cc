@@ -57,20 +57,56 @@ int emulated_poll(pollfd *fds, nfds_t nfds, const timespec *timeout, const sigse
   return n;
 }
 
-int sleep_on_events(const std::vector<pollfd> &gs, const std::vector<pollfd> &kern, const timespec *until,
-                    const timespec *step, const sigset_t *sigmask) {
+namespace {
+
+// One sleep of sleep_on_events, the gpusock side given by begin(wait, max)
+// and end() (gs_wait_begin/end over a list, or over a readiness set).
+template <class Begin, class End>
+int sleep_on(Begin begin, End end, size_t gs_count, const std::vector<pollfd> &kern, const timespec *until,
+             const timespec *step, const sigset_t *sigmask) {
   const Real &R = real();
   static thread_local std::vector<pollfd> fds;
   int n = 0;
-  if (!gs.empty()) {
-    fds.assign(gs.size() + 8, pollfd{});
+  if (gs_count > 0) {
+    fds.assign(gs_count + 8, pollfd{});
     Inside guard;
-    while ((n = gs_wait_begin(gs.data(), gs.size(), fds.data(), fds.size())) == -ENOSPC) fds.resize(fds.size() * 2);
+    while ((n = begin(fds.data(), fds.size())) == -ENOSPC) fds.resize(fds.size() * 2);
     if (n == -EAGAIN) return 0;  // a socket got ready meanwhile: look again
     if (n < 0) {
       errno = -n;
       return -1;
     }
+  }
+  fds.resize(static_cast<size_t>(n));
+  fds.insert(fds.end(), kern.begin(), kern.end());
+  // No wait fd from a socket's transport: sleep a step, not the whole timeout.
+  const timespec *ts = (n == 0 && gs_count > 0) ? step : until;
+  if (n == 0 && gs_count > 0 && until &&
+      (until->tv_sec < step->tv_sec || (until->tv_sec == step->tv_sec && until->tv_nsec < step->tv_nsec)))
+    ts = until;
+  const int r = R.ppoll(fds.data(), fds.size(), ts, sigmask);
+  const int saved = errno;
+  if (gs_count > 0) {
+    Inside guard;
+    end();
+  }
+  errno = saved;
+  return r < 0 ? -1 : 0;
+}
+
+}  // namespace
+
+int sleep_on_set(gs_ready_set_t *set, size_t members, const std::vector<pollfd> &kern, const timespec *until,
+                 const timespec *step, const sigset_t *sigmask) {
+  return sleep_on([&](pollfd *wait, size_t max) { return gs_ready_set_wait_begin(set, wait, max); },
+                  [&] { gs_ready_set_wait_end(set); }, set != nullptr ? members : 0, kern, until, step, sigmask);
+}
+
+int sleep_on_events(const std::vector<pollfd> &gs, const std::vector<pollfd> &kern, const timespec *until,
+                    const timespec *step, const sigset_t *sigmask) {
+  auto begin = [&](pollfd *wait, size_t max) {
+    const int n = gs_wait_begin(gs.data(), gs.size(), wait, max);
+    if (n < 0) return n;
     // A socket closed by another thread before gs_wait_begin saw it was left
     // out of the sleep, and its close woke nobody: look again (POLLNVAL).
     // After this check a close still to come wakes us (the shim forgets the
@@ -78,24 +114,12 @@ int sleep_on_events(const std::vector<pollfd> &gs, const std::vector<pollfd> &ke
     for (const pollfd &p : gs)
       if (!is_gs(p.fd)) {
         gs_wait_end(gs.data(), gs.size());
-        return 0;
+        return -EAGAIN;
       }
-  }
-  fds.resize(static_cast<size_t>(n));
-  fds.insert(fds.end(), kern.begin(), kern.end());
-  // No wait fd from a socket's transport: sleep a step, not the whole timeout.
-  const timespec *ts = (n == 0 && !gs.empty()) ? step : until;
-  if (n == 0 && !gs.empty() && until &&
-      (until->tv_sec < step->tv_sec || (until->tv_sec == step->tv_sec && until->tv_nsec < step->tv_nsec)))
-    ts = until;
-  const int r = R.ppoll(fds.data(), fds.size(), ts, sigmask);
-  const int saved = errno;
-  if (!gs.empty()) {
-    Inside guard;
-    gs_wait_end(gs.data(), gs.size());
-  }
-  errno = saved;
-  return r < 0 ? -1 : 0;
+    return n;
+  };
+  return sleep_on(
+      begin, [&] { gs_wait_end(gs.data(), gs.size()); }, gs.size(), kern, until, step, sigmask);
 }
 
 // ------------------------------------------------------------------ blocking calls

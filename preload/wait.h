@@ -122,6 +122,11 @@ int wait_in_pieces(const timespec *timeout, long piece_ms, Once once, Retry retr
 int sleep_on_events(const std::vector<pollfd> &gs, const std::vector<pollfd> &kern, const timespec *until,
                     const timespec *step, const sigset_t *sigmask);
 
+// The same for an epoll set's gpusock members, through their readiness set
+// (members: how many; a set of idle members sleeps without a look at each).
+int sleep_on_set(gs_ready_set_t *set, size_t members, const std::vector<pollfd> &kern, const timespec *until,
+                 const timespec *step, const sigset_t *sigmask);
+
 // Emulated multiplexing: poll over a mix of gpusock and kernel fds with a
 // timespec timeout (nullptr: forever) and an optional signal mask for the
 // sleeps. Returns the count, 0 on timeout, or -1 with errno.

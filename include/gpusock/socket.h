@@ -125,6 +125,11 @@ int gs_ready_set_ctl(gs_ready_set_t *set, int op, int fd, short events);
  * NULL) says whether this look went over every member. Sleep with
  * gs_wait_begin over the members when it finds nothing. */
 int gs_ready_set_poll(gs_ready_set_t *set, struct pollfd *out, int max, int *all);
+/* gs_wait_begin and gs_wait_end over every member of the set: members its
+ * last look found quiet (and no hint since) are armed without a progress
+ * pass first, so a thread with hundreds of idle members sleeps cheaply. */
+int gs_ready_set_wait_begin(gs_ready_set_t *set, struct pollfd *wait, nfds_t max);
+void gs_ready_set_wait_end(gs_ready_set_t *set);
 
 int gs_getpeername(int socket, struct sockaddr *addr, socklen_t *addrlen);
 int gs_getsockname(int socket, struct sockaddr *addr, socklen_t *addrlen);

@@ -21,6 +21,7 @@
 
 using gpusock::socket::Armed;
 using gpusock::socket::Engine;
+using gpusock::socket::SleepMember;
 using gpusock::socket::StreamSocket;
 
 namespace {
@@ -45,6 +46,59 @@ auto guarded(F f) -> decltype(f()) {
   } catch (...) {
     return finish<decltype(f())>(-EIO);
   }
+}
+
+// Unregisters this thread's waker from the sockets, and takes its wake-ups.
+void end_sleep(const std::vector<std::shared_ptr<StreamSocket>> &sockets) {
+  const int waker = gpusock::socket::thread_waker_fd();
+  for (const auto &socket : sockets) socket->remove_sleeper(waker);
+  gpusock::socket::drain_thread_waker();
+}
+
+void end_sleep(const std::vector<SleepMember> &members, size_t count) {
+  std::vector<std::shared_ptr<StreamSocket>> sockets;
+  for (size_t i = 0; i < count; ++i) sockets.push_back(members[i].socket);
+  end_sleep(sockets);
+}
+
+// gs_wait_begin over sockets: the fds to sleep on into wait[0..max) and
+// their count, 0 (no wait fd: short steps), -EAGAIN or -ENOSPC.
+int begin_sleep(const std::vector<SleepMember> &members, pollfd *wait, nfds_t max) {
+  gpusock::socket::SpinBudget::stop_spinning();  // about to sleep: the spin slot goes back
+  const int waker = gpusock::socket::thread_waker_fd();
+  if (waker < 0) return -errno;
+  std::vector<pollfd> look, out;
+  for (const SleepMember &m : members) m.socket->list_wait_fds(&look);
+  // Many wait fds: one poll(2) of them all first, and those found quiet are
+  // armed without reading their wake-ups (Endpoint::arm_wait_fd_quiet): one
+  // system call instead of one per endpoint.
+  std::vector<int> quiet;
+  if (look.size() >= kQuietLookMin && ::poll(look.data(), look.size(), 0) >= 0) {
+    for (const pollfd &p : look)
+      if (p.revents == 0) quiet.push_back(p.fd);
+    std::sort(quiet.begin(), quiet.end());
+  }
+  bool no_fd = false;
+  for (size_t i = 0; i < members.size(); ++i) {
+    const SleepMember &m = members[i];
+    const Armed armed = m.socket->prepare_sleep(waker, m.events, &out, quiet.empty() ? nullptr : &quiet, m.known_quiet);
+    if (armed == Armed::kPending) {
+      end_sleep(members, i);  // unregister what was registered
+      return -EAGAIN;
+    }
+    no_fd |= armed == Armed::kNoFd;
+  }
+  if (no_fd) return 0;  // the sleepers stay registered until the sleep ends
+  out.push_back({waker, POLLIN, 0});
+  std::sort(out.begin(), out.end(), [](const pollfd &a, const pollfd &b) { return a.fd < b.fd; });
+  out.erase(std::unique(out.begin(), out.end(), [](const pollfd &a, const pollfd &b) { return a.fd == b.fd; }),
+            out.end());
+  if (out.size() > max) {
+    end_sleep(members, members.size());
+    return -ENOSPC;
+  }
+  std::copy(out.begin(), out.end(), wait);
+  return static_cast<int>(out.size());
 }
 
 std::shared_ptr<StreamSocket> lookup(int fd, int *status) {
@@ -273,57 +327,22 @@ int gs_fcntl(int fd, int cmd, ...) {
 }
 
 int gs_wait_begin(const struct pollfd *fds, nfds_t nfds, struct pollfd *wait, nfds_t max) {
-  gpusock::socket::SpinBudget::stop_spinning();  // about to sleep: the spin slot goes back
   return guarded([&]() -> int {
-    std::vector<pollfd> out;
-    const int waker = gpusock::socket::thread_waker_fd();
-    if (waker < 0) return finish(-errno);
-    std::vector<std::shared_ptr<StreamSocket>> sockets(nfds);
-    std::vector<pollfd> look;
+    std::vector<SleepMember> members;
     for (nfds_t i = 0; i < nfds; ++i)
-      if (fds[i].fd >= 0 && (sockets[i] = Engine::get().find(fds[i].fd))) sockets[i]->list_wait_fds(&look);
-    // Many wait fds: one poll(2) of them all first, and those found quiet are
-    // armed without reading their wake-ups (Endpoint::arm_wait_fd_quiet): one
-    // system call instead of one per endpoint.
-    std::vector<int> quiet;
-    if (look.size() >= kQuietLookMin && ::poll(look.data(), look.size(), 0) >= 0) {
-      for (const pollfd &p : look)
-        if (p.revents == 0) quiet.push_back(p.fd);
-      std::sort(quiet.begin(), quiet.end());
-    }
-    bool no_fd = false;
-    for (nfds_t i = 0; i < nfds; ++i) {
-      const auto &socket = sockets[i];
-      if (!socket) continue;
-      const Armed armed = socket->prepare_sleep(waker, fds[i].events, &out, quiet.empty() ? nullptr : &quiet);
-      if (armed == Armed::kPending) {
-        gs_wait_end(fds, i);  // unregister what was registered
-        return finish(-EAGAIN);
-      }
-      no_fd |= armed == Armed::kNoFd;
-    }
-    if (no_fd) return 0;  // the sleepers stay registered until gs_wait_end
-    out.push_back({waker, POLLIN, 0});
-    std::sort(out.begin(), out.end(), [](const pollfd &a, const pollfd &b) { return a.fd < b.fd; });
-    out.erase(std::unique(out.begin(), out.end(), [](const pollfd &a, const pollfd &b) { return a.fd == b.fd; }),
-              out.end());
-    if (out.size() > max) {
-      gs_wait_end(fds, nfds);
-      return finish(-ENOSPC);
-    }
-    std::copy(out.begin(), out.end(), wait);
-    return static_cast<int>(out.size());
+      if (fds[i].fd >= 0)
+        if (auto socket = Engine::get().find(fds[i].fd)) members.push_back({std::move(socket), fds[i].events, false});
+    return finish(begin_sleep(members, wait, max));
   });
 }
 
 void gs_wait_end(const struct pollfd *fds, nfds_t nfds) {
   guarded([&]() -> int {
-    const int waker = gpusock::socket::thread_waker_fd();
-    for (nfds_t i = 0; i < nfds; ++i) {
-      if (fds[i].fd < 0) continue;
-      if (auto socket = Engine::get().find(fds[i].fd)) socket->remove_sleeper(waker);
-    }
-    gpusock::socket::drain_thread_waker();
+    std::vector<std::shared_ptr<StreamSocket>> sockets;
+    for (nfds_t i = 0; i < nfds; ++i)
+      if (fds[i].fd >= 0)
+        if (auto socket = Engine::get().find(fds[i].fd)) sockets.push_back(std::move(socket));
+    end_sleep(sockets);
     return 0;
   });
 }
@@ -343,6 +362,25 @@ void gs_ready_set_destroy(gs_ready_set_t *set) { delete set; }
 int gs_ready_set_ctl(gs_ready_set_t *set, int op, int fd, short events) {
   if (set == nullptr) return finish(-EINVAL);
   return guarded([&] { return finish(set->set.ctl(op, fd, events)); });
+}
+
+int gs_ready_set_wait_begin(gs_ready_set_t *set, struct pollfd *wait, nfds_t max) {
+  if (set == nullptr || wait == nullptr) return finish(-EINVAL);
+  return guarded([&] {
+    std::vector<SleepMember> members;
+    if (!set->set.sleep_members(&members)) return finish(-EAGAIN);  // news since the last look
+    return finish(begin_sleep(members, wait, max));
+  });
+}
+
+void gs_ready_set_wait_end(gs_ready_set_t *set) {
+  if (set == nullptr) return;
+  guarded([&] {
+    std::vector<std::shared_ptr<StreamSocket>> sockets;
+    set->set.member_sockets(&sockets);
+    end_sleep(sockets);
+    return 0;
+  });
 }
 
 int gs_ready_set_poll(gs_ready_set_t *set, struct pollfd *out, int max, int *all) {

@@ -129,14 +129,15 @@ void ReadySet::queue_locked(int fd) {
   look_.push_back(fd);
 }
 
-void ReadySet::take_hints_locked() {
+size_t ReadySet::take_hints_locked() {
   wire::Domain *domain = Engine::get().opened_domain();
-  if (domain == nullptr || mask_.empty()) return;
+  if (domain == nullptr || mask_.empty()) return 0;
   slots_.clear();
   domain->take_hints(mask_.data(), mask_.size(), &slots_);
   for (int32_t slot : slots_)
     if (auto it = slot_fd_.find(slot); it != slot_fd_.end()) queue_locked(it->second);
   add(stats_.hinted, slots_.size());
+  return slots_.size();
 }
 
 void ReadySet::gather_locked() {
@@ -163,6 +164,21 @@ void ReadySet::gather_locked() {
   size_t k = 0;
   for (Candidate &c : batch_)
     if (c.look_fd >= 0 && fd_looks_[k++].revents == 0) c.quiet_fd = c.look_fd;
+}
+
+bool ReadySet::sleep_members(std::vector<SleepMember> *out) {
+  std::lock_guard lock(mu_);
+  if (take_hints_locked() > 0) return false;
+  for (auto &[fd, m] : members_)
+    if (auto socket = Engine::get().find(fd); socket && socket.get() == m.socket)
+      out->push_back(SleepMember{std::move(socket), m.events, !m.queued});
+  return true;
+}
+
+void ReadySet::member_sockets(std::vector<std::shared_ptr<StreamSocket>> *out) {
+  std::lock_guard lock(mu_);
+  for (auto &[fd, m] : members_)
+    if (auto socket = Engine::get().find(fd); socket && socket.get() == m.socket) out->push_back(std::move(socket));
 }
 
 int ReadySet::poll(pollfd *out, int max, bool *all) {

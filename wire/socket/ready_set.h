@@ -31,6 +31,14 @@ namespace gpusock::socket {
 
 class StreamSocket;
 
+// A socket a thread is about to sleep on (gs_wait_begin): known_quiet when a
+// readiness set found it not ready and quiet, with no hint since.
+struct SleepMember {
+  std::shared_ptr<StreamSocket> socket;
+  short events;
+  bool known_quiet;
+};
+
 class ReadySet {
  public:
   ReadySet();
@@ -45,6 +53,12 @@ class ReadySet {
   // revents) and returns how many. `all`: set to whether it looked at every
   // member (a full pass).
   int poll(pollfd *out, int max, bool *all = nullptr);
+
+  // The members to sleep on; false, and none, when hints came for members
+  // since the last pass (look again instead of sleeping).
+  bool sleep_members(std::vector<SleepMember> *out);
+  // The members' sockets, to unregister a sleep.
+  void member_sockets(std::vector<std::shared_ptr<StreamSocket>> *out);
 
   // What the passes did (GPUSOCK_LOG=info prints the process's sums at exit).
   struct Stats {
@@ -70,7 +84,7 @@ class ReadySet {
     int look_fd;   // StreamSocket::look_fd(), or -1
     int quiet_fd;  // look_fd when found not readable, else -1
   };
-  void take_hints_locked();
+  size_t take_hints_locked();  // how many members were hinted
   void queue_locked(int fd);
   void set_slot_locked(int fd, Member &m, int32_t slot);
   void erase_locked(std::unordered_map<int, Member>::iterator it);

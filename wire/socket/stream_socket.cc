@@ -675,11 +675,12 @@ void StreamSocket::list_wait_fds(std::vector<pollfd> *fds) {
 }
 
 Armed StreamSocket::prepare_sleep(int waker_fd, short requested, std::vector<pollfd> *fds,
-                                  const std::vector<int> *quiet_fds) {
+                                  const std::vector<int> *quiet_fds, bool known_quiet) {
   std::lock_guard lock(mu_);
   sleepers_.add(waker_fd);  // first: from here on, another thread's progress wakes us
   const size_t before = fds->size();
-  const Armed armed = ready_events_locked(requested) != 0 ? Armed::kPending : arm_wait_fds_locked(fds, true, quiet_fds);
+  const short ready = known_quiet ? readiness_locked(requested) : ready_events_locked(requested);
+  const Armed armed = ready != 0 ? Armed::kPending : arm_wait_fds_locked(fds, true, quiet_fds);
   if (armed == Armed::kPending) {
     sleepers_.remove(waker_fd);
     fds->resize(before);
@@ -689,6 +690,10 @@ Armed StreamSocket::prepare_sleep(int waker_fd, short requested, std::vector<pol
 
 short StreamSocket::ready_events_locked(short requested, int quiet_fd) {
   progress_locked(/*by_application=*/true, quiet_fd);
+  return readiness_locked(requested);
+}
+
+short StreamSocket::readiness_locked(short requested) const {
   short ev = 0;
   switch (role_) {
     case Role::kListening:

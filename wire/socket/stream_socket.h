@@ -90,8 +90,11 @@ class StreamSocket {
   // the events are ready already (kPending, and not registered), arms.
   // quiet_fds (sorted, or null): wait fds the caller has just polled and
   // found not readable (Endpoint::arm_wait_fd_quiet).
+  // known_quiet: a readiness set found it not ready and quiet since
+  // (ready_set.h): armed without a progress pass first (the arming's own
+  // look at its endpoint sees what came since).
   Armed prepare_sleep(int waker_fd, short requested, std::vector<pollfd> *fds,
-                      const std::vector<int> *quiet_fds = nullptr);
+                      const std::vector<int> *quiet_fds = nullptr, bool known_quiet = false);
   // For a readiness set (ready_set.h): ready_events(requested, quiet_fd);
   // then *slot: its endpoint's hint slot (-1: no hints), and *quiet: until a
   // hint comes for that slot, nothing new can be found here.
@@ -152,7 +155,8 @@ class StreamSocket {
                             const std::vector<int> *quiet_fds = nullptr);
   Armed arm_endpoints_locked(std::vector<pollfd> *fds, bool by_application, const std::vector<int> *quiet_fds,
                              bool list_only = false);
-  short ready_events_locked(short requested, int quiet_fd = -1);
+  short ready_events_locked(short requested, int quiet_fd = -1);  // a progress pass, then readiness_locked
+  short readiness_locked(short requested) const;
   void wake_sleepers_locked() {
     if (!sleepers_.empty()) sleepers_.wake_all();
   }

@@ -197,3 +197,42 @@ TEST(ReadySet, NewsFromAnotherThreadIsNeverLost) {
   EXPECT_EQ(received, kRounds);
   gs_ready_set_destroy(set);
 }
+
+// Sleeping on a set of idle members: a send on one of them ends the sleep;
+// a member with data already makes the sleep not begin.
+TEST(ReadySet, SleepEndsWithNewsOnAnyMember) {
+  Pairs p(24);
+  ASSERT_TRUE(p.ok(24)) << gs_last_error();
+  gs_ready_set_t *set = gs_ready_set_create();
+  for (int fd : p.servers) ASSERT_EQ(gs_ready_set_ctl(set, EPOLL_CTL_ADD, fd, POLLIN), 0);
+  EXPECT_TRUE(ready_fds(set, POLLIN, 0).empty());  // a look: every member is known quiet now
+  for (int round = 0; round < 20; ++round) {
+    const int who = (round * 7) % 24;
+    std::vector<pollfd> wait(64);
+    int n = -EAGAIN;
+    for (int tries = 0; tries < 100 && n == -EAGAIN; ++tries) {  // -EAGAIN: look again, as a wait does
+      n = gs_ready_set_wait_begin(set, wait.data(), wait.size());
+      if (n == -EAGAIN) {
+        EXPECT_TRUE(ready_fds(set, POLLIN, 0).empty());
+      }
+    }
+    ASSERT_GE(n, 0) << "round " << round << ": " << n;
+    std::thread sender([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      send_all(p.clients[static_cast<size_t>(who)], "z", 1);
+    });
+    int woke = 0;
+    if (n > 0) woke = ::poll(wait.data(), static_cast<nfds_t>(n), 10000);
+    gs_ready_set_wait_end(set);
+    sender.join();
+    EXPECT_GT(woke, 0) << "round " << round << ": the sleep ended only at its timeout";
+    EXPECT_EQ(ready_fds(set, POLLIN, 1), std::set<int>{p.servers[static_cast<size_t>(who)]});
+    // Data there already: no sleep.
+    std::vector<pollfd> again(64);
+    EXPECT_EQ(gs_ready_set_wait_begin(set, again.data(), again.size()), -EAGAIN);
+    char b;
+    ASSERT_TRUE(recv_all(p.servers[static_cast<size_t>(who)], &b, 1));
+    EXPECT_TRUE(ready_fds(set, POLLIN, 0).empty());
+  }
+  gs_ready_set_destroy(set);
+}
