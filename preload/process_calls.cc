@@ -22,7 +22,6 @@ using namespace gpusock::preload;
 
 __attribute__((constructor)) static void gpusock_preload_init() {
   init_config();
-  restore_hijacked_signals();
 }
 
 // ------------------------------------------------------------------ spin locks
@@ -34,11 +33,14 @@ GS_EXPORT int pthread_spin_lock(pthread_spinlock_t *lock) { return gs_spin_lock(
 // ------------------------------------------------------------------ signals
 
 GS_EXPORT int sigaction(int sig, const struct sigaction *act, struct sigaction *old) {
+  if (foreign_signal_call(__builtin_return_address(0), act)) return answer_foreign_signal_call(sig, old);
   return install_handler(sig, act, old);
 }
 
+namespace {
+
 // glibc's signal() has BSD semantics: SA_RESTART, the signal blocked in its handler.
-GS_EXPORT sighandler_t signal(int sig, sighandler_t handler) {
+sighandler_t bsd_semantics_signal(int sig, sighandler_t handler) {
   struct sigaction a {
   }, o{};
   a.sa_handler = handler;
@@ -49,9 +51,27 @@ GS_EXPORT sighandler_t signal(int sig, sighandler_t handler) {
   return o.sa_handler;
 }
 
-GS_EXPORT sighandler_t bsd_signal(int sig, sighandler_t handler) { return signal(sig, handler); }
+// What a signal() from a foreign library (signals.h) gets: the handler in force.
+sighandler_t answer_foreign_signal(int sig) {
+  struct sigaction o {};
+  if (answer_foreign_signal_call(sig, &o) < 0) return SIG_ERR;
+  return o.sa_handler;
+}
+
+}  // namespace
+
+GS_EXPORT sighandler_t signal(int sig, sighandler_t handler) {
+  if (foreign_signal_call(__builtin_return_address(0), nullptr)) return answer_foreign_signal(sig);
+  return bsd_semantics_signal(sig, handler);
+}
+
+GS_EXPORT sighandler_t bsd_signal(int sig, sighandler_t handler) {
+  if (foreign_signal_call(__builtin_return_address(0), nullptr)) return answer_foreign_signal(sig);
+  return bsd_semantics_signal(sig, handler);
+}
 
 GS_EXPORT sighandler_t sysv_signal(int sig, sighandler_t handler) {
+  if (foreign_signal_call(__builtin_return_address(0), nullptr)) return answer_foreign_signal(sig);
   struct sigaction a {
   }, o{};
   a.sa_handler = handler;
