@@ -4,11 +4,10 @@
 #include "preload/config.h"
 #include "preload/epoll_table.h"
 #include "preload/fd_table.h"
+#include "preload/library.h"
 #include "preload/listeners.h"
 #include "preload/relay.h"
 #include "preload/routing.h"
-
-#include <gpusock/socket.h>
 
 #include <fcntl.h>
 
@@ -46,7 +45,7 @@ Sockets inherited_sockets() {
     gr.fds.push_back({fd, fdfl >= 0 && (fdfl & FD_CLOEXEC)});
     gr.listening = info->listening.load();
     Inside guard;
-    gr.nonblocking = gs_fcntl(fd, F_GETFL) & O_NONBLOCK;
+    gr.nonblocking = gs().fcntl(fd, F_GETFL) & O_NONBLOCK;
   }
   return socks;
 }
@@ -73,9 +72,9 @@ void make_child_ends(Sockets &socks) {
     R.fcntl(gr.r, F_SETFL, O_NONBLOCK);
     if (gr.nonblocking) R.fcntl(gr.c, F_SETFL, O_NONBLOCK);
     Inside guard;
-    gr.g = gs_dup(first);
+    gr.g = gs().dup(first);
     if (gr.g >= 0) {
-      gs_fcntl(gr.g, F_SETFD, FD_CLOEXEC);
+      gs().fcntl(gr.g, F_SETFD, FD_CLOEXEC);
       set_kind(gr.g, kInternal);
     } else {
       R.close(gr.r);
@@ -122,7 +121,7 @@ void parent_after_fork(const Sockets &socks, pid_t pid) {
       R.close(gr.r);
       set_kind(gr.g, kKernel);
       Inside guard;
-      gs_close(gr.g);
+      gs().close(gr.g);
       continue;
     }
     std::vector<int> parent_fds;
@@ -169,7 +168,7 @@ void before_exec() {
     linger l{1, 5};
     {
       Inside guard;
-      gs_setsockopt(fd, SOL_SOCKET, SO_LINGER, &l, sizeof l);
+      gs().setsockopt(fd, SOL_SOCKET, SO_LINGER, &l, sizeof l);
     }
     close_fd(fd);
   }

@@ -68,6 +68,7 @@ Real load_real() {
   R(pipe);
   R(pipe2);
   R(fopen);
+  R(pthread_spin_lock);
 #undef R
   return r;
 }

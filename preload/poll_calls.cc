@@ -6,10 +6,9 @@
 // in a side table per epoll instance (epoll_table.h) with their events, data
 // and edge/one-shot state; epoll_wait reports them from there.
 #include "preload/epoll_table.h"
+#include "preload/library.h"
 #include "preload/listeners.h"
 #include "preload/wait.h"
-
-#include <gpusock/socket.h>
 
 #include <fcntl.h>
 
@@ -188,7 +187,7 @@ int collect_gs(EpollSet &set, epoll_event *out, int max) {
   if (p.empty()) return 0;
   {
     Inside guard;
-    gs_poll(p.data(), p.size(), 0);
+    gs().poll(p.data(), p.size(), 0);
   }
   int n = 0;
   const size_t count = p.size();

@@ -5,9 +5,8 @@
 // (libgpusock's, which libc would otherwise precede for libfabric's calls).
 #include "preload/config.h"
 #include "preload/fork.h"
+#include "preload/library.h"
 #include "preload/signals.h"
-
-#include <gpusock/socket.h>
 
 #include <pthread.h>
 #include <stdarg.h>
@@ -21,13 +20,17 @@ extern char **environ;
 using namespace gpusock::preload;
 
 __attribute__((constructor)) static void gpusock_preload_init() {
+  real();
   init_config();
 }
 
 // ------------------------------------------------------------------ spin locks
 
+// Until the library is loaded, glibc's (libfabric is not loaded either).
 #if !defined(__SANITIZE_THREAD__)  // under TSan its interceptor and glibc's lock
-GS_EXPORT int pthread_spin_lock(pthread_spinlock_t *lock) { return gs_spin_lock(lock); }
+GS_EXPORT int pthread_spin_lock(pthread_spinlock_t *lock) {
+  return library_loaded() ? gs().spin_lock(lock) : real().pthread_spin_lock(lock);
+}
 #endif
 
 // ------------------------------------------------------------------ signals

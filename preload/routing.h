@@ -34,8 +34,8 @@ bool transport_caller(void *ret);  // t_inside || called_from_transport(ret)
 // A socket() the shim may take: AF_INET/AF_INET6 stream, TCP, and the rules.
 bool intercept_candidate(int domain, int type, int protocol);
 
-// Can this process create gpusock sockets? 0 yes, < 0 the error (probed once);
-// probe_error() is the library's explanation.
+// Can this process create gpusock sockets? 0 yes, < 0 the error (probed once,
+// loading the library first: library.h); probe_error() is the explanation.
 int probe_transport();
 const char *probe_error();
 

@@ -1,8 +1,7 @@
 // Emulated waits over kernel fds and gpusock sockets, and the waits of
 // blocking gpusock calls (wait.h).
+#include "preload/library.h"
 #include "preload/wait.h"
-
-#include <gpusock/socket.h>
 
 #include <fcntl.h>
 
@@ -12,7 +11,7 @@ namespace gpusock::preload {
 
 int emulated_poll(pollfd *fds, nfds_t nfds, const timespec *timeout, const sigset_t *sigmask) {
   const Real &R = real();
-  std::vector<pollfd> gs, kern;
+  std::vector<pollfd> gs_fds, kern;
   std::vector<nfds_t> gs_index, kern_index;
   for (nfds_t i = 0; i < nfds; ++i) {
     fds[i].revents = 0;
@@ -20,7 +19,7 @@ int emulated_poll(pollfd *fds, nfds_t nfds, const timespec *timeout, const sigse
     if (is_gs(fds[i].fd)) {
       if (fds[i].events & POLLIN) touch_read(fds[i].fd);
       waiter_enter(fds[i].fd);
-      gs.push_back(fds[i]);
+      gs_fds.push_back(fds[i]);
       gs_index.push_back(i);
     } else {
       kern.push_back(fds[i]);
@@ -29,14 +28,14 @@ int emulated_poll(pollfd *fds, nfds_t nfds, const timespec *timeout, const sigse
   }
   auto check = [&]() -> int {
     int ready = 0;
-    if (!gs.empty()) {
+    if (!gs_fds.empty()) {
       Inside guard;
-      gs_poll(gs.data(), gs.size(), 0);
-      for (size_t k = 0; k < gs.size(); ++k) {
+      gs().poll(gs_fds.data(), gs_fds.size(), 0);
+      for (size_t k = 0; k < gs_fds.size(); ++k) {
         // Closed by another thread while we waited (its number may be another
         // file's already): what poll says of a closed fd.
-        if (!is_gs(gs[k].fd)) gs[k].revents = POLLNVAL;
-        if ((fds[gs_index[k]].revents = gs[k].revents)) ++ready;
+        if (!is_gs(gs_fds[k].fd)) gs_fds[k].revents = POLLNVAL;
+        if ((fds[gs_index[k]].revents = gs_fds[k].revents)) ++ready;
       }
     }
     if (!kern.empty()) {
@@ -48,24 +47,25 @@ int emulated_poll(pollfd *fds, nfds_t nfds, const timespec *timeout, const sigse
     return ready;
   };
   auto sleep = [&](const timespec *until, const timespec *step) -> int {
-    return sleep_on_events(gs, kern, until, step, sigmask);
+    return sleep_on_events(gs_fds, kern, until, step, sigmask);
   };
   const int n = wait_loop(timeout, check, sleep);
   const int saved = errno;
-  for (const pollfd &p : gs) waiter_leave(p.fd);
+  for (const pollfd &p : gs_fds) waiter_leave(p.fd);
   errno = saved;
   return n;
 }
 
-int sleep_on_events(const std::vector<pollfd> &gs, const std::vector<pollfd> &kern, const timespec *until,
+int sleep_on_events(const std::vector<pollfd> &gs_fds, const std::vector<pollfd> &kern, const timespec *until,
                     const timespec *step, const sigset_t *sigmask) {
   const Real &R = real();
   static thread_local std::vector<pollfd> fds;
   int n = 0;
-  if (!gs.empty()) {
-    fds.assign(gs.size() + 8, pollfd{});
+  if (!gs_fds.empty()) {
+    fds.assign(gs_fds.size() + 8, pollfd{});
     Inside guard;
-    while ((n = gs_wait_begin(gs.data(), gs.size(), fds.data(), fds.size())) == -ENOSPC) fds.resize(fds.size() * 2);
+    while ((n = gs().wait_begin(gs_fds.data(), gs_fds.size(), fds.data(), fds.size())) == -ENOSPC)
+      fds.resize(fds.size() * 2);
     if (n == -EAGAIN) return 0;  // a socket got ready meanwhile: look again
     if (n < 0) {
       errno = -n;
@@ -75,24 +75,24 @@ int sleep_on_events(const std::vector<pollfd> &gs, const std::vector<pollfd> &ke
     // out of the sleep, and its close woke nobody: look again (POLLNVAL).
     // After this check a close still to come wakes us (the shim forgets the
     // fd before gpusock closes the socket).
-    for (const pollfd &p : gs)
+    for (const pollfd &p : gs_fds)
       if (!is_gs(p.fd)) {
-        gs_wait_end(gs.data(), gs.size());
+        gs().wait_end(gs_fds.data(), gs_fds.size());
         return 0;
       }
   }
   fds.resize(static_cast<size_t>(n));
   fds.insert(fds.end(), kern.begin(), kern.end());
   // No wait fd from a socket's transport: sleep a step, not the whole timeout.
-  const timespec *ts = (n == 0 && !gs.empty()) ? step : until;
-  if (n == 0 && !gs.empty() && until &&
+  const timespec *ts = (n == 0 && !gs_fds.empty()) ? step : until;
+  if (n == 0 && !gs_fds.empty() && until &&
       (until->tv_sec < step->tv_sec || (until->tv_sec == step->tv_sec && until->tv_nsec < step->tv_nsec)))
     ts = until;
   const int r = R.ppoll(fds.data(), fds.size(), ts, sigmask);
   const int saved = errno;
-  if (!gs.empty()) {
+  if (!gs_fds.empty()) {
     Inside guard;
-    gs_wait_end(gs.data(), gs.size());
+    gs().wait_end(gs_fds.data(), gs_fds.size());
   }
   errno = saved;
   return r < 0 ? -1 : 0;
@@ -122,7 +122,7 @@ int wait_gs(int fd, short events, Clock::time_point deadline) {
 
 bool gs_nonblocking(int fd) {
   Inside guard;
-  const int fl = gs_fcntl(fd, F_GETFL);
+  const int fl = gs().fcntl(fd, F_GETFL);
   return fl >= 0 && (fl & O_NONBLOCK);
 }
 
