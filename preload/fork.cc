@@ -134,7 +134,7 @@ void parent_after_fork(const Sockets &socks, pid_t pid) {
 
 }  // namespace
 
-pid_t fork_with_relays() {
+pid_t fork_with_relays(const std::function<pid_t()> &make_child) {
   Sockets socks = inherited_sockets();
   make_child_ends(socks);
   // A listener the parent sets aside stops listening before the fork, not
@@ -148,7 +148,8 @@ pid_t fork_with_relays() {
   std::unique_lock fd_lock(fd_table_mutex());
   std::unique_lock epoll_lock(epoll_table_mutex());
   const std::vector<int> old_relay_fds = relay_fds_locked();
-  const pid_t pid = real().fork();
+  const pid_t pid = make_child();
+  const int fork_errno = errno;
   epoll_lock.unlock();
   fd_lock.unlock();
   if (pid == 0) {
@@ -157,6 +158,7 @@ pid_t fork_with_relays() {
     return 0;
   }
   parent_after_fork(socks, pid);
+  errno = fork_errno;
   return pid;
 }
 

@@ -69,6 +69,7 @@ Real load_real() {
   R(pipe2);
   R(fopen);
   R(pthread_spin_lock);
+  R(syscall);
 #undef R
   return r;
 }

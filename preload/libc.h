@@ -77,6 +77,7 @@ struct Real {
   int (*pipe2)(int *, int);
   FILE *(*fopen)(const char *, const char *);
   int (*pthread_spin_lock)(pthread_spinlock_t *);
+  long (*syscall)(long, ...);
 };
 const Real &real();
 

@@ -61,6 +61,9 @@ void load() {
   R(dup);
   R(dup3);
   R(last_error);
+  R(fork_prepare);
+  R(fork_parent);
+  R(fork_child);
 #undef R
   if (!ok) return;
   g_library = l;

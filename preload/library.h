@@ -38,6 +38,9 @@ struct Library {
   decltype(&::gs_dup) dup;
   decltype(&::gs_dup3) dup3;
   decltype(&::gs_last_error) last_error;
+  decltype(&::gs_fork_prepare) fork_prepare;
+  decltype(&::gs_fork_parent) fork_parent;
+  decltype(&::gs_fork_child) fork_child;
 };
 
 // Loads the library (once per process, whichever thread comes first; the

@@ -331,6 +331,10 @@ void gs_spin_record(long waited_us) { gpusock::socket::SpinBudget::record(waited
 int gs_spin_yield(void) { return gpusock::socket::SpinBudget::yield_core() ? 0 : 1; }
 int gs_spin_lock(pthread_spinlock_t *lock) { return gpusock::wire::yielding_spin_lock(lock); }
 
+void gs_fork_prepare(void) { Engine::fork_prepare(); }
+void gs_fork_parent(void) { Engine::fork_parent(); }
+void gs_fork_child(void) { Engine::fork_child(); }
+
 int gs_poll(struct pollfd *fds, nfds_t nfds, int timeout) {
   return guarded([&]() -> int {
     std::vector<std::shared_ptr<StreamSocket>> sockets(nfds);

@@ -54,6 +54,14 @@ class Engine {
   int close_flush_seconds() const { return close_flush_s_; }
   void log(int level, const char *fmt, ...) const __attribute__((format(printf, 3, 4)));
 
+  // pthread_atfork handlers (also gs_fork_*, for raw clones): the child of
+  // fork() cannot use the parent's transport state (threads are gone;
+  // endpoints, kernel sockets and shm regions are shared with the parent,
+  // which goes on using them).
+  static void fork_prepare();
+  static void fork_parent();
+  static void fork_child();
+
  private:
   Engine();
   void background_loop();
@@ -61,12 +69,6 @@ class Engine {
   void release(std::shared_ptr<StreamSocket> socket);
   void limit_ring_budget_to_memlock();
   static void at_exit();
-  // pthread_atfork handlers: the child of fork() cannot use the parent's
-  // transport state (threads are gone; endpoints, kernel sockets and shm regions
-  // are shared with the parent, which goes on using them).
-  static void fork_prepare();
-  static void fork_parent();
-  static void fork_child();
 
   std::mutex table_mu_;  // serializes the table's writers (add, close, dup); lookups take no lock
   FdTable<StreamSocket> table_;
