@@ -8,6 +8,10 @@
  *       namespaces are not permitted, said so); the child closes the
  *       inherited listener, echoes the connection to EOF and exits; the
  *       parent closes its copy and waits for the child
+ *   hidden-clone-server PORT CONNS   the same, but the child is made by
+ *       glibc's clone() (which the shim does not see) and only closes the
+ *       inherited listener and connection and exits; the parent then echoes
+ *       the connection itself
  *   seccomp-server PORT       listen, accept one connection, fork; the child
  *       installs a seccomp filter that kills the process on rt_sigaction,
  *       echoes the connection to EOF and exits normally: it must exit 0
@@ -98,6 +102,33 @@ static int clone_server(int port, int conns) {
   return failures;
 }
 
+/* A child of hidden_clone_server: closes what it inherited, exits (exit
+ * handlers run). */
+static int close_and_exit(void *arg) {
+  const int *fds = arg;
+  close(fds[0]);
+  close(fds[1]);
+  exit(0);
+}
+
+static int hidden_clone_server(int port, int conns) {
+  int fds[2] = {listen_on(port), -1};
+  static char stack[256 << 10] __attribute__((aligned(16)));
+  for (int i = 0; i < conns; ++i) {
+    fds[1] = accept(fds[0], NULL, NULL);
+    CHECK(fds[1] >= 0, "accepted connection %d", i);
+    if (fds[1] < 0) break;
+    pid_t pid = clone(close_and_exit, stack + sizeof stack, CLONE_NEWIPC | SIGCHLD, fds);
+    if (pid < 0 && errno == EPERM) pid = clone(close_and_exit, stack + sizeof stack, SIGCHLD, fds);
+    CHECK(pid > 0, "clone() for connection %d", i);
+    if (pid > 0) wait_child(pid, "clone()");
+    CHECK(echo(fds[1]) == 0, "connection %d echoed by the parent after its child closed it", i);
+    close(fds[1]);
+  }
+  close(fds[0]);
+  return failures;
+}
+
 /* Kills the process on rt_sigaction, allows every other call. */
 static int forbid_sigaction(void) {
   struct sock_filter prog[] = {
@@ -183,6 +214,8 @@ int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   signal(SIGPIPE, SIG_IGN);
   if (argc >= 4 && strcmp(argv[1], "clone-server") == 0) return clone_server(atoi(argv[2]), atoi(argv[3]));
+  if (argc >= 4 && strcmp(argv[1], "hidden-clone-server") == 0)
+    return hidden_clone_server(atoi(argv[2]), atoi(argv[3]));
   if (argc >= 3 && strcmp(argv[1], "seccomp-server") == 0) return seccomp_server(atoi(argv[2]));
   if (argc >= 5 && strcmp(argv[1], "client") == 0) {
     for (int i = 0; i < atoi(argv[3]); ++i) one_client(atoi(argv[2]), atoi(argv[4]), i);

@@ -2,7 +2,9 @@
 # Servers that isolate each client (sandbox_probe.c), both ends under the
 # shim: children made by a raw clone system call (CLONE_NEWIPC|SIGCHLD, no
 # fork handlers run) close the inherited listener and serve one connection
-# each while the parent goes on accepting; a forked child that forbids
+# each while the parent goes on accepting; children made by glibc's clone(),
+# which the shim does not see, close the listener and the connection and
+# exit, and the parent still serves both; a forked child that forbids
 # rt_sigaction with a seccomp filter exits normally. And a process that opens
 # no gpusock socket does not map libfabric.
 #   sandbox_test.sh TRANSPORT PORT
@@ -33,6 +35,7 @@ server_case() {
 
 server_case clone $PORT $CONNS clone-server $PORT $CONNS
 server_case seccomp $((PORT + 1)) 1 seccomp-server $((PORT + 1))
+server_case hidden-clone $((PORT + 2)) $CONNS hidden-clone-server $((PORT + 2)) $CONNS
 
 echo "== libfabric is loaded only by processes that open a gpusock socket"
 maps_case() {  # maps_case WHAT WANTED-STATUS WHAT-IT-MEANS
