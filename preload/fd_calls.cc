@@ -3,6 +3,7 @@
 // calls that make kernel objects the transport may make for itself
 // (socketpair, eventfd, pipe, pipe2, epoll_create, epoll_create1), which only
 // note those.
+#include "preload/fork.h"
 #include "preload/library.h"
 #include "preload/routing.h"
 
@@ -37,6 +38,7 @@ GS_EXPORT int close(int fd) {
     if (kind_of(fd) == kTransport) set_kind(fd, kKernel);
     return real().close(fd);
   }
+  if (const uint8_t k = kind_of(fd); k == kGs || k == kDormant) adopt_if_cloned();
   return close_fd(fd);
 }
 

@@ -10,15 +10,21 @@
 #include "preload/routing.h"
 
 #include <fcntl.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <map>
 #include <memory>
+#include <mutex>
+#include <new>
 #include <utility>
 #include <vector>
 
 namespace gpusock::preload {
 
 namespace {
+
+std::atomic<pid_t> g_process{0};  // whose tables these are
 
 // One gpusock socket as a forked child inherits it: all its fds, and what
 // stands on those numbers in the child.
@@ -153,6 +159,7 @@ pid_t fork_with_relays(const std::function<pid_t()> &make_child) {
   epoll_lock.unlock();
   fd_lock.unlock();
   if (pid == 0) {
+    note_own_process();
     relay_lock.unlock();
     child_after_fork(socks, old_relay_fds);
     return 0;
@@ -160,6 +167,26 @@ pid_t fork_with_relays(const std::function<pid_t()> &make_child) {
   parent_after_fork(socks, pid);
   errno = fork_errno;
   return pid;
+}
+
+void note_own_process() { g_process.store(getpid()); }
+
+void adopt_if_cloned() {
+  pid_t owner = g_process.load(std::memory_order_relaxed);
+  const pid_t self = getpid();  // the kernel's answer: glibc caches no pid
+  if (owner == self || !g_process.compare_exchange_strong(owner, self)) return;
+  // Locks a thread of the parent held stay held here; nobody else holds one yet.
+  new (&fd_table_mutex()) std::mutex();
+  new (&epoll_table_mutex()) std::mutex();
+  new (&relay_mutex()) std::mutex();
+  Sockets socks = inherited_sockets();
+  for (auto &[key, gr] : socks) {
+    const int domain = gr.info->spec ? gr.info->spec->domain : AF_INET;
+    gr.c = real().socket(domain, SOCK_STREAM | SOCK_CLOEXEC | (gr.nonblocking ? SOCK_NONBLOCK : 0), 0);
+  }
+  child_after_fork(socks, relay_fds_locked());
+  log(1, "process made by a clone the shim did not see: %zu inherited gpusock socket(s) left to the parent",
+      socks.size());
 }
 
 void before_exec() {

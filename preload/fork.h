@@ -31,6 +31,15 @@ namespace gpusock::preload {
 // (the child's pid, 0 in the child, -1 with errno).
 pid_t fork_with_relays(const std::function<pid_t()> &make_child);
 
+// The shim's tables belong to this process (at start-up, in a child it made).
+void note_own_process();
+// A process made by a clone the shim did not see (glibc's clone(), a system
+// call made without syscall()) holds its parent's tables. The first close,
+// accept or listen of a gpusock fd there makes it what a fork's child
+// is, without relays (the parent made none): inherited listeners dormant,
+// inherited connections unconnected sockets (they are the parent's).
+void adopt_if_cloned();
+
 // Closes every gpusock socket in order before an exec.
 void before_exec();
 

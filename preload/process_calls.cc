@@ -24,6 +24,7 @@ using namespace gpusock::preload;
 
 __attribute__((constructor)) static void gpusock_preload_init() {
   real();
+  note_own_process();
   init_config();
 }
 

@@ -1,6 +1,7 @@
 // Top layer: socket, bind, listen, connect, accept, accept4. socket() marks a
 // TCP socket pending; bind/listen/connect have routing.h decide it; the calls
 // on a gpusock socket go to the library, blocking ones wait in the shim.
+#include "preload/fork.h"
 #include "preload/library.h"
 #include "preload/listeners.h"
 #include "preload/routing.h"
@@ -93,6 +94,10 @@ GS_EXPORT int listen(int fd, int backlog) {
   const Real &R = real();
   if (t_inside) return R.listen(fd, backlog);
   uint8_t k = kind_of(fd);
+  if (k == kGs || k == kDormant) {
+    adopt_if_cloned();
+    k = kind_of(fd);
+  }
   if (k == kPending) {
     Pending p;
     if (!take_pending(fd, &p)) return R.listen(fd, backlog);
@@ -187,6 +192,7 @@ GS_EXPORT int connect(int fd, const sockaddr *addr, socklen_t len) {
 
 GS_EXPORT int accept4(int fd, sockaddr *addr, socklen_t *len, int flags) {
   const Real &R = real();
+  if (!t_inside && (kind_of(fd) == kGs || kind_of(fd) == kDormant)) adopt_if_cloned();
   if (!t_inside && kind_of(fd) == kDormant && accept_ready_dormant(fd) < 0) return -1;
   if (t_inside || kind_of(fd) != kGs) {
     const int r = R.accept4(fd, addr, len, flags);

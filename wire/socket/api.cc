@@ -99,6 +99,7 @@ int gs_socket(int domain, int type, int protocol) {
     if (domain != AF_INET && domain != AF_INET6) return finish(-EAFNOSUPPORT);
     if ((type & ~(SOCK_NONBLOCK | SOCK_CLOEXEC)) != SOCK_STREAM) return finish(-ESOCKTNOSUPPORT);
     if (protocol != 0 && protocol != IPPROTO_TCP) return finish(-EPROTONOSUPPORT);
+    Engine::get().adopt_if_cloned();
     int status = 0;
     auto *transport = Engine::get().domain(&status);
     if (!transport) return finish(status);
@@ -115,12 +116,14 @@ int gs_bind(int fd, const struct sockaddr *addr, socklen_t len) {
   });
 }
 int gs_listen(int fd, int backlog) {
+  Engine::get().adopt_if_cloned();
   return with_socket<int>(fd, [&](StreamSocket &sock) {
     auto *s = &sock;
     return s->listen(backlog);
   });
 }
 int gs_connect(int fd, const struct sockaddr *addr, socklen_t len) {
+  Engine::get().adopt_if_cloned();
   return with_socket<int>(fd, [&](StreamSocket &sock) {
     auto *s = &sock;
     return s->connect(addr, len);
@@ -134,6 +137,7 @@ int gs_shutdown(int fd, int how) {
 }
 
 int gs_accept4(int fd, struct sockaddr *addr, socklen_t *addrlen, int flags) {
+  Engine::get().adopt_if_cloned();
   return guarded([&]() -> int {
     int status = 0;
     auto listener = lookup(fd, &status);
@@ -148,6 +152,7 @@ int gs_accept4(int fd, struct sockaddr *addr, socklen_t *addrlen, int flags) {
 int gs_accept(int fd, struct sockaddr *addr, socklen_t *addrlen) { return gs_accept4(fd, addr, addrlen, 0); }
 
 int gs_close(int fd) {
+  Engine::get().adopt_if_cloned();
   return guarded([&]() -> int { return finish(Engine::get().close(fd)); });
 }
 

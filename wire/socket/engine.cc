@@ -38,8 +38,7 @@ long env_long(const char *name, long fallback, long lo, long hi) {
 // A default as rsocket takes it: the environment variable, else rsocket's
 // file of that name (/etc/rdma/rsocket, or GPUSOCK_RSOCKET_CONF_DIR), else
 // the built-in value (§2.10). *chosen: whether the variable or file said.
-long env_or_rsocket_file(const char *env, const char *file, long fallback, long lo, long hi,
-                         bool *chosen = nullptr) {
+long env_or_rsocket_file(const char *env, const char *file, long fallback, long lo, long hi, bool *chosen = nullptr) {
   if (chosen != nullptr) *chosen = true;
   if (const char *v = std::getenv(env); v && *v) return env_long(env, fallback, lo, hi);
   const char *dir = std::getenv("GPUSOCK_RSOCKET_CONF_DIR");
@@ -323,6 +322,7 @@ void Engine::background_loop() {
 // kernel would for TCP, and release transport resources (shm segments).
 void Engine::at_exit() {
   Engine &e = get();
+  e.adopt_if_cloned();
   std::vector<std::shared_ptr<StreamSocket>> open;
   {
     std::lock_guard lock(e.table_mu_);
@@ -366,7 +366,8 @@ void Engine::fork_parent() {
 // closes them. The next socket opens a fresh domain and background thread.
 void Engine::fork_child() {
   Engine &e = get();
-  e.table_.abandon();  // its sockets are never freed, on purpose
+  e.process_.store(getpid());
+  e.table_.abandon();                                                  // its sockets are never freed, on purpose
   auto *abandoned = new std::vector<std::shared_ptr<StreamSocket>>();  // never freed either
   for (auto &socket : e.closing_) abandoned->push_back(std::move(socket));
   e.closing_.clear();
@@ -392,6 +393,22 @@ void Engine::fork_child() {
   e.closing_mu_.unlock();
   e.thread_mu_.unlock();
   e.domain_mu_.unlock();
+}
+
+void Engine::adopt_if_cloned() {
+  pid_t owner = process_.load(std::memory_order_relaxed);
+  const pid_t self = getpid();  // the kernel's answer: glibc caches no pid
+  if (owner == self || !process_.compare_exchange_strong(owner, self)) return;
+  // The parent's threads are not in this process: a lock one of them held
+  // stays held here. Nobody else holds one yet.
+  new (&domain_mu_) std::mutex();
+  new (&thread_mu_) std::mutex();
+  new (&closing_mu_) std::mutex();
+  new (&table_mu_) std::mutex();
+  fork_prepare();
+  fork_child();
+  log(1, "process %d made by a clone that ran no fork handlers: its parent's sockets are left to the parent",
+      static_cast<int>(self));
 }
 
 }  // namespace gpusock::socket

@@ -10,6 +10,8 @@
 #include "wire/socket/spin_pause.h"
 #include "wire/socket/stream_socket.h"
 
+#include <unistd.h>
+
 #include <atomic>
 #include <memory>
 #include <mutex>
@@ -61,6 +63,11 @@ class Engine {
   static void fork_prepare();
   static void fork_parent();
   static void fork_child();
+  // A process made by a clone that ran no fork handlers and was not reported
+  // (gs_fork_*) holds its parent's state as its own. Its first socket, close,
+  // accept, listen or connect call, and its exit, abandon that state as
+  // fork_child does, so that nothing of the parent's is torn down here.
+  void adopt_if_cloned();
 
  private:
   Engine();
@@ -87,6 +94,7 @@ class Engine {
   // A forked child opens the transport its parent had, whatever its
   // environment says by then (nginx clears its workers' environment).
   std::string inherited_transport_;
+  std::atomic<pid_t> process_{getpid()};  // whose state this is
 
   std::mutex thread_mu_;
   bool thread_started_ = false;
