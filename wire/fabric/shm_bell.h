@@ -46,6 +46,8 @@
 // endpoint is gone.
 #pragma once
 
+#include "wire/fabric/creator.h"
+
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -127,6 +129,7 @@ class Bell {
  private:
   int sock_ = -1;
   std::string path_;
+  Creator creator_;  // only it closes the bell for good and unlinks it
   BellPage *page_ = nullptr;
   void *head_map_ = nullptr;
   const int32_t *signal_ = nullptr;
