@@ -12,6 +12,8 @@
  *       glibc's clone() (which the shim does not see) and only closes the
  *       inherited listener and connection and exits; the parent then echoes
  *       the connection itself
+ *   vfork-server PORT CONNS   the same with vfork(): the child, on its
+ *       parent's memory, closes the listener and the connection and _exit()s
  *   seccomp-server PORT       listen, accept one connection, fork; the child
  *       installs a seccomp filter that kills the process on rt_sigaction,
  *       echoes the connection to EOF and exits normally: it must exit 0
@@ -48,8 +50,7 @@ static int listen_on(int port) {
   setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
   struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  CHECK(fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 && listen(fd, 16) == 0, "listening on port %d",
-        port);
+  CHECK(fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 && listen(fd, 16) == 0, "listening on port %d", port);
   printf("listening\n");
   fflush(stdout);
   return fd;
@@ -111,17 +112,33 @@ static int close_and_exit(void *arg) {
   exit(0);
 }
 
-static int hidden_clone_server(int port, int conns) {
-  int fds[2] = {listen_on(port), -1};
+/* clone() with glibc's wrapper, or vfork(). */
+static pid_t make_child(int use_vfork, int *fds) {
   static char stack[256 << 10] __attribute__((aligned(16)));
+  if (use_vfork) {
+    pid_t pid = vfork();
+    if (pid == 0) {
+      close(fds[0]);
+      close(fds[1]);
+      _exit(0);
+    }
+    return pid;
+  }
+  pid_t pid = clone(close_and_exit, stack + sizeof stack, CLONE_NEWIPC | SIGCHLD, fds);
+  if (pid < 0 && errno == EPERM) pid = clone(close_and_exit, stack + sizeof stack, SIGCHLD, fds);
+  return pid;
+}
+
+static int hidden_clone_server(int port, int conns, int use_vfork) {
+  int fds[2] = {listen_on(port), -1};
+  const char *how = use_vfork ? "vfork()" : "clone()";
   for (int i = 0; i < conns; ++i) {
     fds[1] = accept(fds[0], NULL, NULL);
     CHECK(fds[1] >= 0, "accepted connection %d", i);
     if (fds[1] < 0) break;
-    pid_t pid = clone(close_and_exit, stack + sizeof stack, CLONE_NEWIPC | SIGCHLD, fds);
-    if (pid < 0 && errno == EPERM) pid = clone(close_and_exit, stack + sizeof stack, SIGCHLD, fds);
-    CHECK(pid > 0, "clone() for connection %d", i);
-    if (pid > 0) wait_child(pid, "clone()");
+    pid_t pid = make_child(use_vfork, fds);
+    CHECK(pid > 0, "%s for connection %d", how, i);
+    if (pid > 0) wait_child(pid, how);
     CHECK(echo(fds[1]) == 0, "connection %d echoed by the parent after its child closed it", i);
     close(fds[1]);
   }
@@ -215,7 +232,8 @@ int main(int argc, char **argv) {
   signal(SIGPIPE, SIG_IGN);
   if (argc >= 4 && strcmp(argv[1], "clone-server") == 0) return clone_server(atoi(argv[2]), atoi(argv[3]));
   if (argc >= 4 && strcmp(argv[1], "hidden-clone-server") == 0)
-    return hidden_clone_server(atoi(argv[2]), atoi(argv[3]));
+    return hidden_clone_server(atoi(argv[2]), atoi(argv[3]), 0);
+  if (argc >= 4 && strcmp(argv[1], "vfork-server") == 0) return hidden_clone_server(atoi(argv[2]), atoi(argv[3]), 1);
   if (argc >= 3 && strcmp(argv[1], "seccomp-server") == 0) return seccomp_server(atoi(argv[2]));
   if (argc >= 5 && strcmp(argv[1], "client") == 0) {
     for (int i = 0; i < atoi(argv[3]); ++i) one_client(atoi(argv[2]), atoi(argv[4]), i);

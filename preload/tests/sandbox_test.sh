@@ -4,7 +4,8 @@
 # fork handlers run) close the inherited listener and serve one connection
 # each while the parent goes on accepting; children made by glibc's clone(),
 # which the shim does not see, close the listener and the connection and
-# exit, and the parent still serves both; a forked child that forbids
+# exit, and the parent still serves both (also a vfork() child, which runs on
+# its parent's memory); a forked child that forbids
 # rt_sigaction with a seccomp filter exits normally. And a process that opens
 # no gpusock socket does not map libfabric.
 #   sandbox_test.sh TRANSPORT PORT
@@ -38,6 +39,7 @@ server_case clone $PORT $CONNS clone-server $PORT $CONNS
 # its own: the filter would kill the child for the sanitizer's calls.)
 ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0" server_case seccomp $((PORT + 1)) 1 seccomp-server $((PORT + 1))
 server_case hidden-clone $((PORT + 2)) $CONNS hidden-clone-server $((PORT + 2)) $CONNS
+server_case vfork $((PORT + 3)) $CONNS vfork-server $((PORT + 3)) $CONNS
 
 echo "== libfabric is loaded only by processes that open a gpusock socket"
 maps_case() {  # maps_case WHAT WANTED-STATUS WHAT-IT-MEANS
