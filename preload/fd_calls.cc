@@ -38,7 +38,8 @@ GS_EXPORT int close(int fd) {
     if (kind_of(fd) == kTransport) set_kind(fd, kKernel);
     return real().close(fd);
   }
-  if (const uint8_t k = kind_of(fd); k == kGs || k == kDormant) adopt_if_cloned();
+  if (const uint8_t k = kind_of(fd); (k == kGs || k == kDormant) && adopt_if_cloned() == Tables::kVforkChild)
+    return real().close(fd);
   return close_fd(fd);
 }
 

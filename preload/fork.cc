@@ -10,6 +10,8 @@
 #include "preload/routing.h"
 
 #include <fcntl.h>
+#include <linux/kcmp.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -171,10 +173,12 @@ pid_t fork_with_relays(const std::function<pid_t()> &make_child) {
 
 void note_own_process() { g_process.store(getpid()); }
 
-void adopt_if_cloned() {
+Tables adopt_if_cloned() {
   pid_t owner = g_process.load(std::memory_order_relaxed);
   const pid_t self = getpid();  // the kernel's answer: glibc caches no pid
-  if (owner == self || !g_process.compare_exchange_strong(owner, self)) return;
+  if (owner == self) return Tables::kOwn;
+  if (real().syscall(SYS_kcmp, self, owner, KCMP_VM, 0, 0) == 0) return Tables::kVforkChild;
+  if (!g_process.compare_exchange_strong(owner, self)) return Tables::kOwn;
   // Locks a thread of the parent held stay held here; nobody else holds one yet.
   new (&fd_table_mutex()) std::mutex();
   new (&epoll_table_mutex()) std::mutex();
@@ -187,6 +191,7 @@ void adopt_if_cloned() {
   child_after_fork(socks, relay_fds_locked());
   log(1, "process made by a clone the shim did not see: %zu inherited gpusock socket(s) left to the parent",
       socks.size());
+  return Tables::kOwn;
 }
 
 void before_exec() {

@@ -38,7 +38,10 @@ void note_own_process();
 // accept or listen of a gpusock fd there makes it what a fork's child
 // is, without relays (the parent made none): inherited listeners dormant,
 // inherited connections unconnected sockets (they are the parent's).
-void adopt_if_cloned();
+// Returns kVforkChild, touching nothing, in a vfork() child: it runs on its
+// parent's memory, the tables are the parent's, only its fd numbers its own.
+enum class Tables { kOwn, kVforkChild };
+Tables adopt_if_cloned();
 
 // Closes every gpusock socket in order before an exec.
 void before_exec();

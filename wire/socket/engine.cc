@@ -2,9 +2,11 @@
 #include "wire/socket/waiting.h"
 
 #include <fcntl.h>
+#include <linux/kcmp.h>
 #include <pthread.h>
 #include <sys/eventfd.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -398,7 +400,10 @@ void Engine::fork_child() {
 void Engine::adopt_if_cloned() {
   pid_t owner = process_.load(std::memory_order_relaxed);
   const pid_t self = getpid();  // the kernel's answer: glibc caches no pid
-  if (owner == self || !process_.compare_exchange_strong(owner, self)) return;
+  if (owner == self) return;
+  // A vfork() child runs on its parent's memory: this is the parent's state still.
+  if (syscall(SYS_kcmp, self, owner, KCMP_VM, 0, 0) == 0) return;
+  if (!process_.compare_exchange_strong(owner, self)) return;
   // The parent's threads are not in this process: a lock one of them held
   // stays held here. Nobody else holds one yet.
   new (&domain_mu_) std::mutex();

@@ -66,7 +66,8 @@ class Engine {
   // A process made by a clone that ran no fork handlers and was not reported
   // (gs_fork_*) holds its parent's state as its own. Its first socket, close,
   // accept, listen or connect call, and its exit, abandon that state as
-  // fork_child does, so that nothing of the parent's is torn down here.
+  // fork_child does, so that nothing of the parent's is torn down here (a
+  // vfork() child, on its parent's memory, leaves it as it is).
   void adopt_if_cloned();
 
  private:
