@@ -19,9 +19,10 @@
  *       echoes the connection to EOF and exits normally: it must exit 0
  *   client PORT CONNS BYTES   CONNS connections one after another: BYTES
  *       sent in chunks, each read back and compared
- *   maps WHAT                 WHAT = none, kernel (a UDP and a unix socket) or
- *       tcp (a TCP socket, which the shim takes): prints whether libfabric
- *       is mapped in this process; exit status 0 when it is not
+ *   maps WHAT [PORT]          WHAT = none, kernel (a UDP and a unix socket),
+ *       tcp (a TCP socket, which the shim takes) or listen (a TCP socket
+ *       listening on 127.0.0.1:PORT): prints whether libfabric is mapped in
+ *       this process; exit status 0 when it is not
  *
  * Every check prints "ok: ..." or "FAIL: ..."; the exit status of the servers
  * and the client is the number of failed checks. */
@@ -214,13 +215,15 @@ static int libfabric_mapped(void) {
   return mapped;
 }
 
-static int maps(const char *what) {
+static int maps(const char *what, int port) {
   if (strcmp(what, "kernel") == 0) {
     int u = socket(AF_INET, SOCK_DGRAM, 0);
     int x = socket(AF_UNIX, SOCK_STREAM, 0);
     CHECK(u >= 0 && x >= 0, "a UDP and a unix socket");
   } else if (strcmp(what, "tcp") == 0) {
     CHECK(socket(AF_INET, SOCK_STREAM, 0) >= 0, "a TCP socket");
+  } else if (strcmp(what, "listen") == 0) {
+    listen_on(port);
   }
   const int mapped = libfabric_mapped();
   printf("libfabric mapped: %s\n", mapped ? "yes" : "no");
@@ -239,7 +242,7 @@ int main(int argc, char **argv) {
     for (int i = 0; i < atoi(argv[3]); ++i) one_client(atoi(argv[2]), atoi(argv[4]), i);
     return failures;
   }
-  if (argc >= 3 && strcmp(argv[1], "maps") == 0) return maps(argv[2]);
+  if (argc >= 3 && strcmp(argv[1], "maps") == 0) return maps(argv[2], argc >= 4 ? atoi(argv[3]) : 0);
   fprintf(stderr, "usage: see the comment at the top of sandbox_probe.c\n");
   return 2;
 }

@@ -42,13 +42,16 @@ server_case hidden-clone $((PORT + 2)) $CONNS hidden-clone-server $((PORT + 2)) 
 server_case vfork $((PORT + 3)) $CONNS vfork-server $((PORT + 3)) $CONNS
 
 echo "== libfabric is loaded only by processes that open a gpusock socket"
-maps_case() {  # maps_case WHAT WANTED-STATUS WHAT-IT-MEANS
-  env LD_PRELOAD="$PRELOAD" "$SANDBOX" maps "$1" >"$W/maps.$1" 2>&1
+maps_case() {  # maps_case WHAT WANTED-STATUS WHAT-IT-MEANS [ENV...]
+  local what=$1 want=$2 means=$3
+  shift 3
+  env LD_PRELOAD="$PRELOAD" "$@" "$SANDBOX" maps "$what" $((PORT + 9)) >"$W/maps.$what" 2>&1
   local rc=$?
-  check "maps $1: $3 ($(tail -1 "$W/maps.$1"))" test "$rc" -eq "$2"
+  check "maps $what: $means ($(tail -1 "$W/maps.$what"))" test "$rc" -eq "$want"
 }
 maps_case none 0 "libfabric not mapped"
 maps_case kernel 0 "libfabric not mapped after a UDP and a unix socket"
+maps_case listen 0 "libfabric not mapped by a listener on an excluded port" GPUSOCK_EXCLUDE_PORTS=$((PORT + 9))
 maps_case tcp 1 "libfabric mapped once a TCP socket is made"
 check "LD_PRELOAD=shim /bin/true opens no libfabric" \
   bash -c "! LD_DEBUG=files env LD_PRELOAD='$PRELOAD' /bin/true 2>&1 | grep -q libfabric"
