@@ -1,7 +1,7 @@
 // libgpusock.so as the shim calls it. The library links libfabric, and loading
 // libfabric costs every process (its dependencies' constructors: libinfinipath
 // calibrates its clock by sleeping), so the shim does not link it: it is
-// loaded (dlopen) when a process makes its first TCP socket the shim may take
+// loaded (dlopen) when a process is about to make its first gpusock socket
 // (probe_transport), and its entry points are resolved then, once, into one
 // table. A process that never does so never maps libfabric. Bottom layer.
 #pragma once

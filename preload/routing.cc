@@ -73,6 +73,20 @@ int probe_transport() {
 
 const char *probe_error() { return g_probe_error; }
 
+int transport_or_fallback() {
+  const int st = probe_transport();
+  if (st == 0) return 0;
+  static std::atomic<bool> warned{false};
+  if (config().refuse) {
+    if (!warned.exchange(true)) log(0, "refusing TCP sockets (GPUSOCK_FALLBACK=refuse): %s", probe_error());
+    return st;
+  }
+  if (!warned.exchange(true))
+    log(0, "%s; falling back to kernel TCP for this process (GPUSOCK_FALLBACK=refuse to fail instead)",
+        probe_error());
+  return 1;
+}
+
 int port_of(const sockaddr *addr, socklen_t len, uint16_t *port) {
   if (!addr) return -1;
   if (addr->sa_family == AF_INET && len >= sizeof(sockaddr_in)) {
@@ -160,6 +174,12 @@ int decide_pending(int fd, const Pending &p, uint16_t port, const std::string &w
     log(1, "fd %d: %s: kernel TCP (port not selected)", fd, what.c_str());
     finalize_kernel(fd);
     return 0;
+  }
+  if (const int st = transport_or_fallback(); st != 0) {
+    finalize_kernel(fd);
+    if (st > 0) return 0;
+    errno = -st;
+    return -1;
   }
   if (int r = upgrade(fd, p); r < 0) {
     errno = -r;

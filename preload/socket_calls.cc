@@ -26,18 +26,17 @@ GS_EXPORT int socket(int domain, int type, int protocol) {
     return fd;
   }
   if (!intercept_candidate(domain, type, protocol)) return R.socket(domain, type, protocol);
-  const int st = probe_transport();
-  if (st < 0) {
-    static std::atomic<bool> warned{false};
-    if (config().refuse) {
-      if (!warned.exchange(true)) log(0, "refusing TCP sockets (GPUSOCK_FALLBACK=refuse): %s", probe_error());
+  // Where every port goes through gpusock the transport is known usable (or
+  // not) here; where ports are listed, only at bind/listen/connect of a
+  // selected one, so a process whose sockets all stay the kernel's never
+  // loads it.
+  if (every_port_selected()) {
+    const int st = transport_or_fallback();
+    if (st < 0) {
       errno = -st;
       return -1;
     }
-    if (!warned.exchange(true))
-      log(0, "%s; falling back to kernel TCP for this process (GPUSOCK_FALLBACK=refuse to fail instead)",
-          probe_error());
-    return R.socket(domain, type, protocol);
+    if (st > 0) return R.socket(domain, type, protocol);
   }
   const int fd = R.socket(domain, type, protocol);
   if (fd < 0) return fd;
