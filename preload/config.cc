@@ -221,6 +221,11 @@ bool port_selected(uint16_t port) {
   return true;
 }
 
+bool every_port_selected() {
+  const Config &c = config();
+  return !c.have_include && c.exclude.empty();
+}
+
 bool rules_select(int domain, int type, int protocol) {
   const Config &c = config();
   if (c.rules.empty()) return true;

@@ -26,6 +26,7 @@ struct Config {
 const Config &config();
 void init_config();  // idempotent; the constructor calls it
 bool port_selected(uint16_t port);
+bool every_port_selected();  // no GPUSOCK_PORTS, no GPUSOCK_EXCLUDE_PORTS
 bool rules_select(int domain, int type, int protocol);
 
 void log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

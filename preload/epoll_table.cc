@@ -1,6 +1,8 @@
 // The side tables of emulated epoll instances (epoll_table.h).
 #include "preload/epoll_table.h"
 
+#include "preload/library.h"
+
 #include <algorithm>
 #include <new>
 #include <unordered_map>
@@ -41,7 +43,7 @@ bool armed_gs(const EpollEntry &e) { return e.gs && !e.disarmed; }
 EpollSet::~EpollSet() {
   if (ready == nullptr) return;
   Inside guard;
-  gs_ready_set_destroy(ready);
+  gs().ready_set_destroy(ready);
 }
 
 EpollEntry *find_entry(EpollSet &set, int fd) {
@@ -57,13 +59,13 @@ EpollEntry *find_entry(EpollSet &set, int fd) {
 void update_ready_member(EpollSet &set, const EpollEntry &e) {
   Inside guard;
   if (!armed_gs(e)) {
-    if (set.ready != nullptr) gs_ready_set_ctl(set.ready, EPOLL_CTL_DEL, e.fd, 0);
+    if (set.ready != nullptr) gs().ready_set_ctl(set.ready, EPOLL_CTL_DEL, e.fd, 0);
     return;
   }
-  if (set.ready == nullptr && (set.ready = gs_ready_set_create()) == nullptr) return;
+  if (set.ready == nullptr && (set.ready = gs().ready_set_create()) == nullptr) return;
   const short events = static_cast<short>(e.events & 0x3fff);
-  if (gs_ready_set_ctl(set.ready, EPOLL_CTL_MOD, e.fd, events) == -ENOENT)
-    gs_ready_set_ctl(set.ready, EPOLL_CTL_ADD, e.fd, events);
+  if (gs().ready_set_ctl(set.ready, EPOLL_CTL_MOD, e.fd, events) == -ENOENT)
+    gs().ready_set_ctl(set.ready, EPOLL_CTL_ADD, e.fd, events);
 }
 
 void add_entry(EpollSet &set, const EpollEntry &e) {
@@ -85,7 +87,7 @@ void remove_entry(EpollSet &set, int fd) {
     if (v[i].dormant) set.dormant_count.fetch_sub(1);
     if (armed_gs(v[i]) && set.ready != nullptr) {
       Inside guard;
-      gs_ready_set_ctl(set.ready, EPOLL_CTL_DEL, fd, 0);
+      gs().ready_set_ctl(set.ready, EPOLL_CTL_DEL, fd, 0);
     }
     v.erase(v.begin() + static_cast<long>(i));
     set.index_dirty = true;

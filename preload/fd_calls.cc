@@ -3,9 +3,9 @@
 // calls that make kernel objects the transport may make for itself
 // (socketpair, eventfd, pipe, pipe2, epoll_create, epoll_create1), which only
 // note those.
+#include "preload/fork.h"
+#include "preload/library.h"
 #include "preload/routing.h"
-
-#include <gpusock/socket.h>
 
 #include <fcntl.h>
 #include <stdarg.h>
@@ -38,6 +38,8 @@ GS_EXPORT int close(int fd) {
     if (kind_of(fd) == kTransport) set_kind(fd, kKernel);
     return real().close(fd);
   }
+  if (const uint8_t k = kind_of(fd); (k == kGs || k == kDormant) && adopt_if_cloned() == Tables::kVforkChild)
+    return real().close(fd);
   return close_fd(fd);
 }
 
@@ -76,7 +78,7 @@ GS_EXPORT int dup(int fd) {
     int r;
     {
       Inside guard;
-      r = gs_dup(fd);
+      r = gs().dup(fd);
     }
     if (r < 0) return libc_result(r);
     attach_gs_fd(r, sock_info(fd));
@@ -106,7 +108,7 @@ int dup_common(int oldfd, int newfd, int flags, bool is_dup3) {
     int r;
     {
       Inside guard;
-      r = gs_dup3(oldfd, newfd, flags);
+      r = gs().dup3(oldfd, newfd, flags);
     }
     if (r < 0) return libc_result(r);
     attach_gs_fd(newfd, info);
@@ -144,12 +146,12 @@ int fcntl_common(int fd, int cmd, void *arg) {
       case F_GETFD:
       case F_SETFD: {
         Inside guard;
-        return libc_result(gs_fcntl(fd, cmd, v));
+        return libc_result(gs().fcntl(fd, cmd, v));
       }
       case F_SETFL: {
         if (FdSlot *s = slot(fd)) s->wgen.fetch_add(1, std::memory_order_relaxed);
         Inside guard;
-        return libc_result(gs_fcntl(fd, cmd, v & O_NONBLOCK));
+        return libc_result(gs().fcntl(fd, cmd, v & O_NONBLOCK));
       }
       case F_DUPFD:
       case F_DUPFD_CLOEXEC: {
@@ -159,7 +161,7 @@ int fcntl_common(int fd, int cmd, void *arg) {
         int r;
         {
           Inside guard;
-          r = gs_dup3(fd, n, cmd == F_DUPFD_CLOEXEC ? O_CLOEXEC : 0);
+          r = gs().dup3(fd, n, cmd == F_DUPFD_CLOEXEC ? O_CLOEXEC : 0);
         }
         if (r < 0) {
           R.close(n);

@@ -4,23 +4,30 @@
 #include "preload/config.h"
 #include "preload/epoll_table.h"
 #include "preload/fd_table.h"
+#include "preload/library.h"
 #include "preload/listeners.h"
 #include "preload/relay.h"
 #include "preload/relay_name.h"
 #include "preload/routing.h"
 
-#include <gpusock/socket.h>
-
 #include <fcntl.h>
+#include <linux/kcmp.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <map>
 #include <memory>
+#include <mutex>
+#include <new>
 #include <utility>
 #include <vector>
 
 namespace gpusock::preload {
 
 namespace {
+
+std::atomic<pid_t> g_process{0};  // whose tables these are
 
 // One gpusock socket as a forked child inherits it: all its fds, and what
 // stands on those numbers in the child.
@@ -47,7 +54,7 @@ Sockets inherited_sockets() {
     gr.fds.push_back({fd, fdfl >= 0 && (fdfl & FD_CLOEXEC)});
     gr.listening = info->listening.load();
     Inside guard;
-    gr.nonblocking = gs_fcntl(fd, F_GETFL) & O_NONBLOCK;
+    gr.nonblocking = gs().fcntl(fd, F_GETFL) & O_NONBLOCK;
   }
   return socks;
 }
@@ -57,8 +64,8 @@ Sockets inherited_sockets() {
 void name_child_end(int fd, int c) {
   ConnectionNames names;
   names.local_len = names.peer_len = sizeof(sockaddr_storage);
-  if (gs_getsockname(fd, reinterpret_cast<sockaddr *>(&names.local), &names.local_len) < 0 ||
-      gs_getpeername(fd, reinterpret_cast<sockaddr *>(&names.peer), &names.peer_len) < 0 || !name_relay_end(c, names))
+  if (gs().getsockname(fd, reinterpret_cast<sockaddr *>(&names.local), &names.local_len) < 0 ||
+      gs().getpeername(fd, reinterpret_cast<sockaddr *>(&names.peer), &names.peer_len) < 0 || !name_relay_end(c, names))
     log(1, "fork: the child's end of fd %d does not carry the connection's addresses (it reads as AF_UNIX)", fd);
 }
 
@@ -84,9 +91,9 @@ void make_child_ends(Sockets &socks) {
     R.fcntl(gr.r, F_SETFL, O_NONBLOCK);
     if (gr.nonblocking) R.fcntl(gr.c, F_SETFL, O_NONBLOCK);
     Inside guard;
-    gr.g = gs_dup(first);
+    gr.g = gs().dup(first);
     if (gr.g >= 0) {
-      gs_fcntl(gr.g, F_SETFD, FD_CLOEXEC);
+      gs().fcntl(gr.g, F_SETFD, FD_CLOEXEC);
       set_kind(gr.g, kInternal);
       name_child_end(first, gr.c);
     } else {
@@ -134,7 +141,7 @@ void parent_after_fork(const Sockets &socks, pid_t pid) {
       R.close(gr.r);
       set_kind(gr.g, kKernel);
       Inside guard;
-      gs_close(gr.g);
+      gs().close(gr.g);
       continue;
     }
     std::vector<int> parent_fds;
@@ -147,7 +154,7 @@ void parent_after_fork(const Sockets &socks, pid_t pid) {
 
 }  // namespace
 
-pid_t fork_with_relays() {
+pid_t fork_with_relays(const std::function<pid_t()> &make_child) {
   Sockets socks = inherited_sockets();
   make_child_ends(socks);
   // A listener the parent sets aside stops listening before the fork, not
@@ -161,16 +168,42 @@ pid_t fork_with_relays() {
   std::unique_lock fd_lock(fd_table_mutex());
   std::unique_lock epoll_lock(epoll_table_mutex());
   const std::vector<int> old_relay_fds = relay_fds_locked();
-  const pid_t pid = real().fork();
+  const pid_t pid = make_child();
+  const int fork_errno = errno;
   epoll_lock.unlock();
   fd_lock.unlock();
   if (pid == 0) {
+    note_own_process();
     relay_lock.unlock();
     child_after_fork(socks, old_relay_fds);
     return 0;
   }
   parent_after_fork(socks, pid);
+  errno = fork_errno;
   return pid;
+}
+
+void note_own_process() { g_process.store(getpid()); }
+
+Tables adopt_if_cloned() {
+  pid_t owner = g_process.load(std::memory_order_relaxed);
+  const pid_t self = getpid();  // the kernel's answer: glibc caches no pid
+  if (owner == self) return Tables::kOwn;
+  if (real().syscall(SYS_kcmp, self, owner, KCMP_VM, 0, 0) == 0) return Tables::kVforkChild;
+  if (!g_process.compare_exchange_strong(owner, self)) return Tables::kOwn;
+  // Locks a thread of the parent held stay held here; nobody else holds one yet.
+  new (&fd_table_mutex()) std::mutex();
+  new (&epoll_table_mutex()) std::mutex();
+  new (&relay_mutex()) std::mutex();
+  Sockets socks = inherited_sockets();
+  for (auto &[key, gr] : socks) {
+    const int domain = gr.info->spec ? gr.info->spec->domain : AF_INET;
+    gr.c = real().socket(domain, SOCK_STREAM | SOCK_CLOEXEC | (gr.nonblocking ? SOCK_NONBLOCK : 0), 0);
+  }
+  child_after_fork(socks, relay_fds_locked());
+  log(1, "process made by a clone the shim did not see: %zu inherited gpusock socket(s) left to the parent",
+      socks.size());
+  return Tables::kOwn;
 }
 
 void before_exec() {
@@ -181,7 +214,7 @@ void before_exec() {
     linger l{1, 5};
     {
       Inside guard;
-      gs_setsockopt(fd, SOL_SOCKET, SO_LINGER, &l, sizeof l);
+      gs().setsockopt(fd, SOL_SOCKET, SO_LINGER, &l, sizeof l);
     }
     close_fd(fd);
   }

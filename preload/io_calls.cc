@@ -2,10 +2,9 @@
 // sendto, recvmsg, sendmsg, sendfile and the fortified entry points). On a
 // gpusock socket each is one receive path (recv_iov) or one send path
 // (send_iov); blocking ones are non-blocking attempts and the shim's waits.
+#include "preload/library.h"
 #include "preload/relay_name.h"
 #include "preload/wait.h"
-
-#include <gpusock/socket.h>
 
 #include <limits.h>
 #include <unistd.h>
@@ -68,14 +67,14 @@ ssize_t raw_send(int fd, const iovec *iov, size_t iovcnt, int flags) {
   m.msg_iov = const_cast<iovec *>(iov);
   m.msg_iovlen = iovcnt;
   Inside guard;
-  return gs_sendmsg(fd, &m, flags);
+  return gs().sendmsg(fd, &m, flags);
 }
 
 ssize_t raw_recv(int fd, const iovec *iov, size_t iovcnt, int flags) {
   msghdr m{};
   m.msg_iov = const_cast<iovec *>(iov);
   m.msg_iovlen = iovcnt;
-  return gs_recvmsg(fd, &m, flags);
+  return gs().recvmsg(fd, &m, flags);
 }
 
 ssize_t recv_iov(int fd, const iovec *iov, int iovcnt, int flags) {
@@ -184,7 +183,7 @@ GS_EXPORT ssize_t recvfrom(int fd, void *buf, size_t n, int flags, sockaddr *fro
   const ssize_t r = recv_iov(fd, &iov, 1, flags);
   if (r >= 0 && from && fromlen) {
     Inside guard;
-    gs_getpeername(fd, from, fromlen);
+    gs().getpeername(fd, from, fromlen);
   }
   return r;
 }

@@ -68,6 +68,8 @@ Real load_real() {
   R(pipe);
   R(pipe2);
   R(fopen);
+  R(pthread_spin_lock);
+  R(syscall);
 #undef R
   return r;
 }

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/epoll.h>
 #include <sys/select.h>
@@ -75,6 +76,8 @@ struct Real {
   int (*pipe)(int *);
   int (*pipe2)(int *, int);
   FILE *(*fopen)(const char *, const char *);
+  int (*pthread_spin_lock)(pthread_spinlock_t *);
+  long (*syscall)(long, ...);
 };
 const Real &real();
 

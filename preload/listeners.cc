@@ -3,11 +3,10 @@
 
 #include "preload/config.h"
 #include "preload/epoll_table.h"
+#include "preload/library.h"
 #include "preload/routing.h"
 #include "preload/signals.h"
 #include "preload/wait.h"
-
-#include <gpusock/socket.h>
 
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -89,7 +88,7 @@ int not_now(int fd, ListenSpec &spec, int err) {
           fd, where.c_str(), transport_name(), kRetryMs);
     else
       log(0, "fd %d: cannot listen on %s in this process: %s (%s); trying again every %ld ms", fd, where.c_str(),
-          gs_last_error(), strerror(-err), kRetryMs);
+          gs().last_error(), strerror(-err), kRetryMs);
   }
   return 0;
 }
@@ -102,12 +101,12 @@ bool requests_wait(int gs_fd) {
   int on = 0;
   socklen_t len = sizeof on;
   Inside guard;
-  return gs_getsockopt(gs_fd, SOL_GPUSOCK, GS_ACCEPT_ON_DEMAND, &on, &len) == 0 && on;
+  return gs().getsockopt(gs_fd, SOL_GPUSOCK, GS_ACCEPT_ON_DEMAND, &on, &len) == 0 && on;
 }
 
 void share_accepts(int gs_fd) {
   const int on = 1;
-  gs_setsockopt(gs_fd, SOL_GPUSOCK, GS_ACCEPT_ON_DEMAND, &on, sizeof on);
+  gs().setsockopt(gs_fd, SOL_GPUSOCK, GS_ACCEPT_ON_DEMAND, &on, sizeof on);
 }
 
 // ---------------------------------------------------------------- marks
@@ -137,7 +136,7 @@ void note_listen(int fd, int backlog) {
   spec.addr_len = sizeof spec.addr;
   {
     Inside guard;
-    gs_getsockname(fd, reinterpret_cast<sockaddr *>(&spec.addr), &spec.addr_len);
+    gs().getsockname(fd, reinterpret_cast<sockaddr *>(&spec.addr), &spec.addr_len);
   }
   spec.domain = spec.addr.ss_family;
   spec.backlog = backlog;
@@ -160,13 +159,13 @@ int activate(int fd) {
   {
     Inside guard;
     share_accepts(tmp);
-    r = gs_bind(tmp, reinterpret_cast<sockaddr *>(&spec->addr), spec->addr_len);
+    r = gs().bind(tmp, reinterpret_cast<sockaddr *>(&spec->addr), spec->addr_len);
     ListenArm arm(spec.get());
-    if (r == 0) r = gs_listen(tmp, spec->backlog);
+    if (r == 0) r = gs().listen(tmp, spec->backlog);
   }
   if (r < 0) {
     Inside guard;
-    gs_close(tmp);
+    gs().close(tmp);
     return not_now(fd, *spec, r);
   }
   // Every fd of this listener in the process, each replaced in one step.
@@ -178,7 +177,7 @@ int activate(int fd) {
     if (dspec != spec) continue;
     const int fdfl = R.fcntl(dfd, F_GETFD);
     Inside guard;
-    if (gs_dup3(tmp, dfd, fdfl >= 0 && (fdfl & FD_CLOEXEC) ? O_CLOEXEC : 0) < 0) continue;
+    if (gs().dup3(tmp, dfd, fdfl >= 0 && (fdfl & FD_CLOEXEC) ? O_CLOEXEC : 0) < 0) continue;
     attach_gs_fd(dfd, info);
     drop_dormant(dfd, /*keep_kind=*/true);
     note_timeouts(dfd, spec->opts);
@@ -187,7 +186,7 @@ int activate(int fd) {
   }
   {
     Inside guard;
-    gs_close(tmp);
+    gs().close(tmp);
   }
   spec->touch_mark = touches(fds);
   spec->told_busy = false;
@@ -244,7 +243,7 @@ bool prepare_listener_fork(const std::vector<int> &fds, const std::shared_ptr<So
   if (!used && !requests_wait(fds.front())) {
     pollfd p{fds.front(), POLLIN, 0};
     Inside guard;
-    if (gs_poll(&p, 1, 0) > 0 && (p.revents & POLLIN)) used = true;
+    if (gs().poll(&p, 1, 0) > 0 && (p.revents & POLLIN)) used = true;
   }
   spec.touch_mark = touches(fds);
   return !used;

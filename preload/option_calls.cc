@@ -2,11 +2,10 @@
 // setsockopt, getsockopt, ioctl, fstat). Options of a pending socket go to the
 // kernel and are recorded for the upgrade; on a gpusock socket the library
 // answers, with the shim emulating what it has no notion of.
+#include "preload/library.h"
 #include "preload/listeners.h"
 #include "preload/relay_name.h"
 #include "preload/routing.h"
-
-#include <gpusock/socket.h>
 
 #include <fcntl.h>
 #include <linux/sockios.h>
@@ -24,7 +23,7 @@ using namespace gpusock::preload;
 GS_EXPORT int shutdown(int fd, int how) {
   if (t_inside || kind_of(fd) != kGs) return real().shutdown(fd, how);
   Inside guard;
-  return libc_result(gs_shutdown(fd, how));
+  return libc_result(gs().shutdown(fd, how));
 }
 
 namespace {
@@ -94,13 +93,13 @@ GS_EXPORT int getsockname(int fd, sockaddr *addr, socklen_t *len) {
   }
   if (t_inside || kind_of(fd) != kGs) return kernel_name(fd, false, addr, len);
   Inside guard;
-  return libc_result(gs_getsockname(fd, addr, len));
+  return libc_result(gs().getsockname(fd, addr, len));
 }
 
 GS_EXPORT int getpeername(int fd, sockaddr *addr, socklen_t *len) {
   if (t_inside || kind_of(fd) != kGs) return kernel_name(fd, true, addr, len);
   Inside guard;
-  return libc_result(gs_getpeername(fd, addr, len));
+  return libc_result(gs().getpeername(fd, addr, len));
 }
 
 namespace {
@@ -159,7 +158,7 @@ GS_EXPORT int setsockopt(int fd, int level, int name, const void *val, socklen_t
   if (level == SOL_SOCKET && name == SO_RCVBUFFORCE) optname = SO_RCVBUF;
   if (level == SOL_SOCKET && name == SO_SNDBUFFORCE) optname = SO_SNDBUF;
   Inside guard;
-  const int r = gs_setsockopt(fd, level, optname, val, len);
+  const int r = gs().setsockopt(fd, level, optname, val, len);
   if (r == -ENOPROTOOPT && harmless_option(level, name)) return 0;
   return libc_result(r);
 }
@@ -199,7 +198,8 @@ GS_EXPORT int getsockopt(int fd, int level, int name, void *val, socklen_t *len)
     auto info = sock_info(fd);
     Inside guard;
     if (info && info->listening) ti.tcpi_state = TCP_LISTEN;
-    else ti.tcpi_state = gs_getpeername(fd, reinterpret_cast<sockaddr *>(&ss), &sl) == 0 ? TCP_ESTABLISHED : TCP_CLOSE;
+    else
+      ti.tcpi_state = gs().getpeername(fd, reinterpret_cast<sockaddr *>(&ss), &sl) == 0 ? TCP_ESTABLISHED : TCP_CLOSE;
     const socklen_t n = std::min<socklen_t>(*len, sizeof ti);
     std::memcpy(val, &ti, n);
     *len = n;
@@ -217,7 +217,7 @@ GS_EXPORT int getsockopt(int fd, int level, int name, void *val, socklen_t *len)
     return 0;
   }
   Inside guard;
-  return libc_result(gs_getsockopt(fd, level, name, val, len));
+  return libc_result(gs().getsockopt(fd, level, name, val, len));
 }
 
 GS_EXPORT int ioctl(int fd, unsigned long req, ...) {
@@ -234,7 +234,7 @@ GS_EXPORT int ioctl(int fd, unsigned long req, ...) {
         return -1;
       }
       Inside guard;
-      return libc_result(gs_fcntl(fd, F_SETFL, *static_cast<int *>(arg) ? O_NONBLOCK : 0));
+      return libc_result(gs().fcntl(fd, F_SETFL, *static_cast<int *>(arg) ? O_NONBLOCK : 0));
     }
     case FIONREAD: {
       // Bytes ready to read: peek them (the library keeps no separate count).
@@ -245,10 +245,10 @@ GS_EXPORT int ioctl(int fd, unsigned long req, ...) {
       Inside guard;
       int ring = 0;
       socklen_t rl = sizeof ring;
-      if (gs_getsockopt(fd, SOL_SOCKET, SO_RCVBUF, &ring, &rl) < 0 || ring <= 0) ring = 1 << 20;
+      if (gs().getsockopt(fd, SOL_SOCKET, SO_RCVBUF, &ring, &rl) < 0 || ring <= 0) ring = 1 << 20;
       static thread_local std::vector<char> buf;
       if (buf.size() < static_cast<size_t>(ring)) buf.resize(static_cast<size_t>(ring));
-      ssize_t n = gs_recv(fd, buf.data(), static_cast<size_t>(ring), MSG_PEEK | MSG_DONTWAIT);
+      ssize_t n = gs().recv(fd, buf.data(), static_cast<size_t>(ring), MSG_PEEK | MSG_DONTWAIT);
       if (n == -EAGAIN || n == -ENOTCONN) n = 0;
       if (n < 0) return libc_result<int>(static_cast<int>(n));
       *static_cast<int *>(arg) = static_cast<int>(n);

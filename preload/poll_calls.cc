@@ -6,10 +6,9 @@
 // in a side table per epoll instance (epoll_table.h) with their events, data
 // and edge/one-shot state; epoll_wait reports them from there.
 #include "preload/epoll_table.h"
+#include "preload/library.h"
 #include "preload/listeners.h"
 #include "preload/wait.h"
-
-#include <gpusock/socket.h>
 
 #include <fcntl.h>
 
@@ -183,7 +182,7 @@ int collect_gs(EpollSet &set, epoll_event *out, int max) {
   int k;
   {
     Inside guard;
-    k = gs_ready_set_poll(set.ready, p.data(), max, &all);
+    k = gs().ready_set_poll(set.ready, p.data(), max, &all);
   }
   if (all)  // the application waits on these (relay.cc, listeners.cc watch that)
     for (const EpollEntry &e : set.entries)

@@ -1,16 +1,18 @@
 // Top layer: the process-wide calls. The library's constructor; sigaction,
 // signal, bsd_signal and sysv_signal (handlers are wrapped, signals.h); fork
-// (relays, fork.h); the exec family (gpusock sockets are closed in order
+// and syscall's fork-like clones (relays, fork.h); the exec family (gpusock sockets are closed in order
 // first, fork.h); fopen of /proc/kallsyms by libfabric; pthread_spin_lock
 // (libgpusock's, which libc would otherwise precede for libfabric's calls).
 #include "preload/config.h"
 #include "preload/fork.h"
+#include "preload/library.h"
 #include "preload/signals.h"
 
-#include <gpusock/socket.h>
-
+#include <linux/sched.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdarg.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -21,24 +23,31 @@ extern char **environ;
 using namespace gpusock::preload;
 
 __attribute__((constructor)) static void gpusock_preload_init() {
+  real();
+  note_own_process();
   init_config();
-  restore_hijacked_signals();
 }
 
 // ------------------------------------------------------------------ spin locks
 
+// Until the library is loaded, glibc's (libfabric is not loaded either).
 #if !defined(__SANITIZE_THREAD__)  // under TSan its interceptor and glibc's lock
-GS_EXPORT int pthread_spin_lock(pthread_spinlock_t *lock) { return gs_spin_lock(lock); }
+GS_EXPORT int pthread_spin_lock(pthread_spinlock_t *lock) {
+  return library_loaded() ? gs().spin_lock(lock) : real().pthread_spin_lock(lock);
+}
 #endif
 
 // ------------------------------------------------------------------ signals
 
 GS_EXPORT int sigaction(int sig, const struct sigaction *act, struct sigaction *old) {
+  if (foreign_signal_call(__builtin_return_address(0), act)) return answer_foreign_signal_call(sig, old);
   return install_handler(sig, act, old);
 }
 
+namespace {
+
 // glibc's signal() has BSD semantics: SA_RESTART, the signal blocked in its handler.
-GS_EXPORT sighandler_t signal(int sig, sighandler_t handler) {
+sighandler_t bsd_semantics_signal(int sig, sighandler_t handler) {
   struct sigaction a {
   }, o{};
   a.sa_handler = handler;
@@ -49,9 +58,27 @@ GS_EXPORT sighandler_t signal(int sig, sighandler_t handler) {
   return o.sa_handler;
 }
 
-GS_EXPORT sighandler_t bsd_signal(int sig, sighandler_t handler) { return signal(sig, handler); }
+// What a signal() from a foreign library (signals.h) gets: the handler in force.
+sighandler_t answer_foreign_signal(int sig) {
+  struct sigaction o {};
+  if (answer_foreign_signal_call(sig, &o) < 0) return SIG_ERR;
+  return o.sa_handler;
+}
+
+}  // namespace
+
+GS_EXPORT sighandler_t signal(int sig, sighandler_t handler) {
+  if (foreign_signal_call(__builtin_return_address(0), nullptr)) return answer_foreign_signal(sig);
+  return bsd_semantics_signal(sig, handler);
+}
+
+GS_EXPORT sighandler_t bsd_signal(int sig, sighandler_t handler) {
+  if (foreign_signal_call(__builtin_return_address(0), nullptr)) return answer_foreign_signal(sig);
+  return bsd_semantics_signal(sig, handler);
+}
 
 GS_EXPORT sighandler_t sysv_signal(int sig, sighandler_t handler) {
+  if (foreign_signal_call(__builtin_return_address(0), nullptr)) return answer_foreign_signal(sig);
   struct sigaction a {
   }, o{};
   a.sa_handler = handler;
@@ -65,7 +92,51 @@ GS_EXPORT sighandler_t sysv_signal(int sig, sighandler_t handler) {
 
 GS_EXPORT pid_t fork(void) {
   if (t_inside) return real().fork();
-  return fork_with_relays();
+  return fork_with_relays([] { return real().fork(); });
+}
+
+// ------------------------------------------------------------------ raw clone
+
+namespace {
+
+// A clone system call that makes a process as fork() does: its own memory,
+// going on on the caller's stack (as syscall() can only be used to).
+bool fork_like_clone(long number, const long *args) {
+  constexpr uint64_t kShares = CLONE_VM | CLONE_VFORK | CLONE_THREAD | CLONE_SIGHAND;
+  if (number == SYS_clone) return (static_cast<uint64_t>(args[0]) & kShares) == 0 && args[1] == 0;
+  if (number == SYS_clone3) {
+    const auto *ca = reinterpret_cast<const clone_args *>(args[0]);
+    return ca && static_cast<size_t>(args[1]) >= CLONE_ARGS_SIZE_VER0 && (ca->flags & kShares) == 0 && ca->stack == 0;
+  }
+  return false;
+}
+
+// The clone, with the library's fork handlers around it (a raw clone runs
+// none, and the library must know a child from its parent).
+pid_t clone_with_fork_handlers(long number, const long *args) {
+  const bool loaded = library_loaded();
+  if (loaded) gs().fork_prepare();
+  const long pid = real().syscall(number, args[0], args[1], args[2], args[3], args[4], args[5]);
+  const int saved = errno;
+  if (loaded) (pid == 0 ? gs().fork_child : gs().fork_parent)();
+  errno = saved;
+  return static_cast<pid_t>(pid);
+}
+
+}  // namespace
+
+// syscall(SYS_clone or SYS_clone3, ...) making a process as fork() does is a
+// fork for the shim: the child gets relays and dormant listeners, and tears
+// down nothing of its parent's.
+GS_EXPORT long syscall(long number, ...) noexcept {
+  va_list ap;
+  va_start(ap, number);
+  long args[6];
+  for (long &a : args) a = va_arg(ap, long);  // as many as any system call takes, as glibc's syscall() reads
+  va_end(ap);
+  if (!t_inside && fork_like_clone(number, args))
+    return fork_with_relays([&] { return clone_with_fork_handlers(number, args); });
+  return real().syscall(number, args[0], args[1], args[2], args[3], args[4], args[5]);
 }
 
 // ------------------------------------------------------------------ exec family

@@ -2,8 +2,7 @@
 #include "preload/relay.h"
 
 #include "preload/config.h"
-
-#include <gpusock/socket.h>
+#include "preload/library.h"
 
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -94,20 +93,20 @@ bool pump_once(Relay &x, short r_revents, char *buf) {
       pollfd p{x.r, POLLIN, 0};
       R.poll(&p, 1, 0);
       if ((p.revents | r_revents) & POLLHUP) x.child_gone = true;  // closed, not just SHUT_WR
-      else if (!x.gs_broken) gs_shutdown(x.g, SHUT_WR);
+      else if (!x.gs_broken) gs().shutdown(x.g, SHUT_WR);
     } else if (errno != EAGAIN && errno != EINTR) {
       x.c2g_eof = x.child_gone = true;
     }
   }
   if (x.c2g_pending() && !x.gs_broken) {
-    const ssize_t s = gs_send(x.g, x.c2g.data() + x.c2g_off, x.c2g.size() - x.c2g_off, MSG_DONTWAIT | MSG_NOSIGNAL);
+    const ssize_t s = gs().send(x.g, x.c2g.data() + x.c2g_off, x.c2g.size() - x.c2g_off, MSG_DONTWAIT | MSG_NOSIGNAL);
     if (s > 0) x.c2g_off += static_cast<size_t>(s);
     else if (s != -EAGAIN && s != -EINTR) x.gs_broken = true;
   }
   if (x.gs_broken) x.c2g_off = x.c2g.size();
   // gpusock -> child
   if (to_child && !x.g2c_eof && !x.g2c_pending() && !x.child_gone && !x.child_unwritable) {
-    const ssize_t n = gs_recv(x.g, buf, kRelayChunk, MSG_DONTWAIT);
+    const ssize_t n = gs().recv(x.g, buf, kRelayChunk, MSG_DONTWAIT);
     if (n > 0) {
       x.g2c.assign(buf, buf + n);
       x.g2c_off = 0;
@@ -159,7 +158,7 @@ void relay_loop() {
       p.push_back({x->r, re, 0});
       p.push_back({x->g, ge, 0});
     }
-    gs_poll(p.data(), p.size(), 20);
+    gs().poll(p.data(), p.size(), 20);
     if (p[0].revents & POLLIN) {
       uint64_t v;
       ssize_t n = real().read(g_relay_wake, &v, sizeof v);
@@ -180,7 +179,7 @@ void relay_loop() {
       log(2, "fork relay for fd %d finished", x->g);
       real().close(x->r);
       set_kind(x->g, kKernel);
-      gs_close(x->g);  // drops the relay's reference; the last one closes the connection
+      gs().close(x->g);  // drops the relay's reference; the last one closes the connection
       delete x;
     }
   }

@@ -1,7 +1,7 @@
 // Routing between the kernel and gpusock (routing.h).
 #include "preload/routing.h"
 
-#include <gpusock/socket.h>
+#include "preload/library.h"
 
 #include <arpa/inet.h>
 #include <dlfcn.h>
@@ -53,20 +53,39 @@ int probe_transport() {
   if (known <= 0) return known;
   std::lock_guard lock(g_probe_mu);
   if (g_probe.load() <= 0) return g_probe.load();
+  if (const int loaded = load_library(); loaded < 0) {
+    snprintf(g_probe_error, sizeof g_probe_error, "%s", load_error());
+    g_probe.store(loaded, std::memory_order_release);
+    return loaded;
+  }
   Inside guard;
-  const int fd = gs_socket(AF_INET, SOCK_STREAM, 0);
+  const int fd = gs().socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) {
-    snprintf(g_probe_error, sizeof g_probe_error, "%s", gs_last_error());
+    snprintf(g_probe_error, sizeof g_probe_error, "%s", gs().last_error());
     if (!g_probe_error[0]) snprintf(g_probe_error, sizeof g_probe_error, "%s", strerror(-fd));
     g_probe.store(fd, std::memory_order_release);
   } else {
-    gs_close(fd);
+    gs().close(fd);
     g_probe.store(0, std::memory_order_release);
   }
   return g_probe.load();
 }
 
 const char *probe_error() { return g_probe_error; }
+
+int transport_or_fallback() {
+  const int st = probe_transport();
+  if (st == 0) return 0;
+  static std::atomic<bool> warned{false};
+  if (config().refuse) {
+    if (!warned.exchange(true)) log(0, "refusing TCP sockets (GPUSOCK_FALLBACK=refuse): %s", probe_error());
+    return st;
+  }
+  if (!warned.exchange(true))
+    log(0, "%s; falling back to kernel TCP for this process (GPUSOCK_FALLBACK=refuse to fail instead)",
+        probe_error());
+  return 1;
+}
 
 int port_of(const sockaddr *addr, socklen_t len, uint16_t *port) {
   if (!addr) return -1;
@@ -106,13 +125,13 @@ const char *transport_name() {
 
 int new_gs_socket(int domain, bool nonblocking, const std::vector<Pending::Opt> &opts) {
   Inside guard;
-  const int fd = gs_socket(domain, SOCK_STREAM | (nonblocking ? SOCK_NONBLOCK : 0), 0);
+  const int fd = gs().socket(domain, SOCK_STREAM | (nonblocking ? SOCK_NONBLOCK : 0), 0);
   if (fd < 0) return fd;
   const Config &c = config();
-  if (c.iomap_size >= 0) gs_setsockopt(fd, SOL_RDMA, RDMA_IOMAPSIZE, &c.iomap_size, sizeof(int));
+  if (c.iomap_size >= 0) gs().setsockopt(fd, SOL_RDMA, RDMA_IOMAPSIZE, &c.iomap_size, sizeof(int));
   for (const auto &o : opts) {
     if (o.level == SOL_SOCKET && (o.name == SO_RCVTIMEO || o.name == SO_SNDTIMEO)) continue;
-    gs_setsockopt(fd, o.level, o.name, o.value.data(), static_cast<socklen_t>(o.value.size()));
+    gs().setsockopt(fd, o.level, o.name, o.value.data(), static_cast<socklen_t>(o.value.size()));
   }
   return fd;
 }
@@ -135,8 +154,8 @@ int upgrade(int fd, const Pending &p) {
   Inside guard;
   const int tmp = new_gs_socket(p.domain, fl & O_NONBLOCK, p.opts);
   if (tmp < 0) return tmp;
-  const int r = gs_dup3(tmp, fd, (fdfl & FD_CLOEXEC) ? O_CLOEXEC : 0);
-  gs_close(tmp);
+  const int r = gs().dup3(tmp, fd, (fdfl & FD_CLOEXEC) ? O_CLOEXEC : 0);
+  gs().close(tmp);
   if (r < 0) return r;
   auto info = std::make_shared<SockInfo>();
   info->spec = std::make_shared<ListenSpec>();  // filled in should it listen (listeners.h)
@@ -156,6 +175,12 @@ int decide_pending(int fd, const Pending &p, uint16_t port, const std::string &w
     finalize_kernel(fd);
     return 0;
   }
+  if (const int st = transport_or_fallback(); st != 0) {
+    finalize_kernel(fd);
+    if (st > 0) return 0;
+    errno = -st;
+    return -1;
+  }
   if (int r = upgrade(fd, p); r < 0) {
     errno = -r;
     return -1;
@@ -171,7 +196,7 @@ void finalize_kernel(int fd) {
 void bind_recorded(int fd, const Pending &p) {
   if (!p.bound_len) return;
   Inside guard;
-  gs_bind(fd, reinterpret_cast<const sockaddr *>(&p.bound), p.bound_len);
+  gs().bind(fd, reinterpret_cast<const sockaddr *>(&p.bound), p.bound_len);
 }
 
 void note_timeout(int fd, int name, const void *val, socklen_t len) {
@@ -218,14 +243,14 @@ void release_gs_target(int newfd) {
   if (drop_fd_state(newfd) != kGs) return;
   Inside guard;
   t_skip_close = newfd;
-  gs_close(newfd);
+  gs().close(newfd);
   t_skip_close = -1;
 }
 
 int close_fd(int fd) {
   if (drop_fd_state(fd) == kGs) {
     Inside guard;
-    return libc_result(gs_close(fd));
+    return libc_result(gs().close(fd));
   }
   return real().close(fd);
 }

@@ -34,10 +34,14 @@ bool transport_caller(void *ret);  // t_inside || called_from_transport(ret)
 // A socket() the shim may take: AF_INET/AF_INET6 stream, TCP, and the rules.
 bool intercept_candidate(int domain, int type, int protocol);
 
-// Can this process create gpusock sockets? 0 yes, < 0 the error (probed once);
-// probe_error() is the library's explanation.
+// Can this process create gpusock sockets? 0 yes, < 0 the error (probed once,
+// loading the library first: library.h); probe_error() is the explanation.
 int probe_transport();
 const char *probe_error();
+// The same for a socket the shim would take, saying once why not: 0 usable;
+// 1 not, the socket stays the kernel's (the fallback); a negated errno: not,
+// and the call fails (GPUSOCK_FALLBACK=refuse).
+int transport_or_fallback();
 
 int port_of(const sockaddr *addr, socklen_t len, uint16_t *port);  // -1: not IP
 std::string addr_text(const sockaddr *addr, socklen_t len);        // for the log
@@ -46,10 +50,12 @@ const char *transport_name();                                      // for the lo
 // ------------------------------------------------------------------ the decision
 
 // Decides a pending socket at bind, listen or connect by its port: an excluded
-// port leaves it the kernel's for good, a selected one upgrades it. `what`
+// port leaves it the kernel's for good, a selected one upgrades it (where
+// ports are listed, the transport is first loaded here, not at socket()). `what`
 // names the call in the log. Returns 1 when fd is now a gpusock socket, 0 when
-// it stays the kernel's, -1 with errno when the upgrade failed (the kernel
-// socket is then left as it was).
+// it stays the kernel's (also when the transport is unusable: the fallback),
+// -1 with errno when the upgrade failed or the transport is refused (the
+// kernel socket is then left as it was).
 int decide_pending(int fd, const Pending &p, uint16_t port, const std::string &what);
 // The socket stays the kernel's for good (its port is excluded).
 void finalize_kernel(int fd);

@@ -77,26 +77,31 @@ int install_handler(int sig, const struct sigaction *act, struct sigaction *old)
   return r;
 }
 
-// libfabric on Debian pulls in libinfinipath (through its psm provider), whose
-// constructor installs a backtrace handler for SIGINT, SIGILL, SIGABRT, SIGBUS,
-// SIGSEGV and SIGTERM before any program code runs. That handler is not
-// async-signal-safe (it can deadlock in malloc, leaving the process alive after
-// SIGTERM) and changes what the signals do. The shim gives the program back the
-// kernel's default action for every signal still owned by that library.
-void restore_hijacked_signals() {
-  for (int sig : {SIGINT, SIGILL, SIGABRT, SIGBUS, SIGSEGV, SIGTERM, SIGFPE, SIGQUIT}) {
-    const uintptr_t fn = g_handlers[sig].fn.load();
-    if (!fn) continue;
-    Dl_info info;
-    if (!dladdr(reinterpret_cast<void *>(fn), &info) || !info.dli_fname) continue;
-    if (!strstr(info.dli_fname, "libinfinipath") && !strstr(info.dli_fname, "libpsm")) continue;
-    struct sigaction dfl {};
-    dfl.sa_handler = SIG_DFL;
-    sigemptyset(&dfl.sa_mask);
-    real().sigaction(sig, &dfl, nullptr);
-    g_handlers[sig].fn.store(0);
-    log(2, "signal %d: removed %s's handler", sig, info.dli_fname);
-  }
+// libfabric on Debian pulls in libinfinipath (through its psm provider, which
+// gpusock never uses). Its constructor installs a backtrace handler for SIGINT,
+// SIGILL, SIGABRT, SIGBUS, SIGSEGV and SIGTERM, which is not async-signal-safe
+// (it can deadlock in malloc, leaving the process alive after SIGTERM) and
+// changes what the signals do; its destructor puts the default actions back,
+// at exit, in every process that loaded it: a call the program never made, of
+// which a sandboxed child whose seccomp filter forbids rt_sigaction dies. The
+// shim answers that library's calls without making them.
+namespace {
+
+bool in_foreign_library(const void *address) {
+  Dl_info info;
+  if (!address || !dladdr(address, &info) || !info.dli_fname) return false;
+  return strstr(info.dli_fname, "libinfinipath") || strstr(info.dli_fname, "libpsm");
+}
+
+}  // namespace
+
+bool foreign_signal_call(void *caller, const void *act) {
+  return in_foreign_library(caller) || in_foreign_library(act);
+}
+
+int answer_foreign_signal_call(int sig, struct sigaction *old) {
+  if (!old) return 0;
+  return install_handler(sig, nullptr, old);
 }
 
 }  // namespace gpusock::preload

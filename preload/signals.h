@@ -23,7 +23,14 @@ bool restart_after_eintr(unsigned signals_before);
 // shows the program its own handler, not the trampoline.
 int install_handler(int sig, const struct sigaction *act, struct sigaction *old);
 
-// Gives the default action back to signals a library took over (signals.cc).
-void restore_hijacked_signals();
+// Is this sigaction() or signal() made by a library whose signal calls the
+// shim answers without acting on them (signals.cc says which and why)?
+// caller: the call's return address; act: its new action, if any (a call the
+// library's destructor makes last is a jump: the return address is then the
+// dynamic linker's, the action still the library's own).
+bool foreign_signal_call(void *caller, const void *act);
+// Such a call: the process's dispositions stay as they are; `old` is filled in
+// as if the call had been made.
+int answer_foreign_signal_call(int sig, struct sigaction *old);
 
 }  // namespace gpusock::preload

@@ -1,11 +1,11 @@
 // Top layer: socket, bind, listen, connect, accept, accept4. socket() marks a
 // TCP socket pending; bind/listen/connect have routing.h decide it; the calls
 // on a gpusock socket go to the library, blocking ones wait in the shim.
+#include "preload/fork.h"
+#include "preload/library.h"
 #include "preload/listeners.h"
 #include "preload/routing.h"
 #include "preload/wait.h"
-
-#include <gpusock/socket.h>
 
 #include <fcntl.h>
 #include <stdio.h>
@@ -26,18 +26,17 @@ GS_EXPORT int socket(int domain, int type, int protocol) {
     return fd;
   }
   if (!intercept_candidate(domain, type, protocol)) return R.socket(domain, type, protocol);
-  const int st = probe_transport();
-  if (st < 0) {
-    static std::atomic<bool> warned{false};
-    if (config().refuse) {
-      if (!warned.exchange(true)) log(0, "refusing TCP sockets (GPUSOCK_FALLBACK=refuse): %s", probe_error());
+  // Where every port goes through gpusock the transport is known usable (or
+  // not) here; where ports are listed, only at bind/listen/connect of a
+  // selected one, so a process whose sockets all stay the kernel's never
+  // loads it.
+  if (every_port_selected()) {
+    const int st = transport_or_fallback();
+    if (st < 0) {
       errno = -st;
       return -1;
     }
-    if (!warned.exchange(true))
-      log(0, "%s; falling back to kernel TCP for this process (GPUSOCK_FALLBACK=refuse to fail instead)",
-          probe_error());
-    return R.socket(domain, type, protocol);
+    if (st > 0) return R.socket(domain, type, protocol);
   }
   const int fd = R.socket(domain, type, protocol);
   if (fd < 0) return fd;
@@ -52,7 +51,7 @@ GS_EXPORT int bind(int fd, const sockaddr *addr, socklen_t len) {
   const uint8_t k = kind_of(fd);
   if (k == kGs) {
     Inside guard;
-    return libc_result(gs_bind(fd, addr, len));
+    return libc_result(gs().bind(fd, addr, len));
   }
   if (k == kDormant) {  // bound already (as the kernel says of a listening socket)
     errno = EINVAL;
@@ -85,7 +84,7 @@ GS_EXPORT int bind(int fd, const sockaddr *addr, socklen_t len) {
   if (d == 0) return R.bind(fd, addr, len);
   if (d < 0) return -1;
   Inside guard;
-  const int r = gs_bind(fd, addr, len);
+  const int r = gs().bind(fd, addr, len);
   log(1, "fd %d: bind %s: gpusock (%s)%s", fd, addr_text(addr, len).c_str(), transport_name(), r < 0 ? " failed" : "");
   return libc_result(r);
 }
@@ -94,6 +93,10 @@ GS_EXPORT int listen(int fd, int backlog) {
   const Real &R = real();
   if (t_inside) return R.listen(fd, backlog);
   uint8_t k = kind_of(fd);
+  if (k == kGs || k == kDormant) {
+    adopt_if_cloned();
+    k = kind_of(fd);
+  }
   if (k == kPending) {
     Pending p;
     if (!take_pending(fd, &p)) return R.listen(fd, backlog);
@@ -119,7 +122,7 @@ GS_EXPORT int listen(int fd, int backlog) {
     Inside guard;
     // From the first moment (listeners.h).
     share_accepts(fd);
-    r = gs_listen(fd, backlog);
+    r = gs().listen(fd, backlog);
   }
   if (r == 0) {
     note_listen(fd, backlog);
@@ -128,7 +131,7 @@ GS_EXPORT int listen(int fd, int backlog) {
       sockaddr_storage ss{};
       socklen_t sl = sizeof ss;
       Inside guard;
-      gs_getsockname(fd, reinterpret_cast<sockaddr *>(&ss), &sl);
+      gs().getsockname(fd, reinterpret_cast<sockaddr *>(&ss), &sl);
       log(1, "fd %d: listening on %s via gpusock (%s)", fd, addr_text(reinterpret_cast<sockaddr *>(&ss), sl).c_str(),
           transport_name());
     }
@@ -158,15 +161,15 @@ GS_EXPORT int connect(int fd, const sockaddr *addr, socklen_t len) {
   if (FdSlot *s = slot(fd)) s->wgen.fetch_add(1, std::memory_order_relaxed);
   if (gs_nonblocking(fd)) {
     Inside guard;
-    return libc_result(gs_connect(fd, addr, len));
+    return libc_result(gs().connect(fd, addr, len));
   }
   // Blocking connect: start it non-blocking, then wait in the shim.
   int r;
   {
     Inside guard;
-    gs_fcntl(fd, F_SETFL, O_NONBLOCK);
-    r = gs_connect(fd, addr, len);
-    gs_fcntl(fd, F_SETFL, 0);
+    gs().fcntl(fd, F_SETFL, O_NONBLOCK);
+    r = gs().connect(fd, addr, len);
+    gs().fcntl(fd, F_SETFL, 0);
   }
   if (r != -EINPROGRESS && r != -EALREADY) return libc_result(r);
   const CallLimit limit = call_limit(fd, false);
@@ -177,10 +180,10 @@ GS_EXPORT int connect(int fd, const sockaddr *addr, socklen_t len) {
     Inside guard;
     sockaddr_storage peer;
     socklen_t pl = sizeof peer;
-    if (gs_getpeername(fd, reinterpret_cast<sockaddr *>(&peer), &pl) == 0) return 0;
+    if (gs().getpeername(fd, reinterpret_cast<sockaddr *>(&peer), &pl) == 0) return 0;
     int err = 0;
     socklen_t el = sizeof err;
-    gs_getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el);
+    gs().getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el);
     if (err) return libc_result(-err);
     // Woken without a result yet (a spurious readiness): wait again.
   }
@@ -188,6 +191,7 @@ GS_EXPORT int connect(int fd, const sockaddr *addr, socklen_t len) {
 
 GS_EXPORT int accept4(int fd, sockaddr *addr, socklen_t *len, int flags) {
   const Real &R = real();
+  if (!t_inside && (kind_of(fd) == kGs || kind_of(fd) == kDormant)) adopt_if_cloned();
   if (!t_inside && kind_of(fd) == kDormant && accept_ready_dormant(fd) < 0) return -1;
   if (t_inside || kind_of(fd) != kGs) {
     const int r = R.accept4(fd, addr, len, flags);
@@ -210,7 +214,7 @@ GS_EXPORT int accept4(int fd, sockaddr *addr, socklen_t *len, int flags) {
   int r;
   {
     Inside guard;
-    r = gs_accept4(fd, addr, len, flags);
+    r = gs().accept4(fd, addr, len, flags);
   }
   if (r < 0) return libc_result(r);
   attach_gs_fd(r, nullptr);

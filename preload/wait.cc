@@ -1,8 +1,7 @@
 // Emulated waits over kernel fds and gpusock sockets, and the waits of
 // blocking gpusock calls (wait.h).
+#include "preload/library.h"
 #include "preload/wait.h"
-
-#include <gpusock/socket.h>
 
 #include <fcntl.h>
 
@@ -12,7 +11,7 @@ namespace gpusock::preload {
 
 int emulated_poll(pollfd *fds, nfds_t nfds, const timespec *timeout, const sigset_t *sigmask) {
   const Real &R = real();
-  std::vector<pollfd> gs, kern;
+  std::vector<pollfd> gs_fds, kern;
   std::vector<nfds_t> gs_index, kern_index;
   for (nfds_t i = 0; i < nfds; ++i) {
     fds[i].revents = 0;
@@ -20,7 +19,7 @@ int emulated_poll(pollfd *fds, nfds_t nfds, const timespec *timeout, const sigse
     if (is_gs(fds[i].fd)) {
       if (fds[i].events & POLLIN) touch_read(fds[i].fd);
       waiter_enter(fds[i].fd);
-      gs.push_back(fds[i]);
+      gs_fds.push_back(fds[i]);
       gs_index.push_back(i);
     } else {
       kern.push_back(fds[i]);
@@ -29,14 +28,14 @@ int emulated_poll(pollfd *fds, nfds_t nfds, const timespec *timeout, const sigse
   }
   auto check = [&]() -> int {
     int ready = 0;
-    if (!gs.empty()) {
+    if (!gs_fds.empty()) {
       Inside guard;
-      gs_poll(gs.data(), gs.size(), 0);
-      for (size_t k = 0; k < gs.size(); ++k) {
+      gs().poll(gs_fds.data(), gs_fds.size(), 0);
+      for (size_t k = 0; k < gs_fds.size(); ++k) {
         // Closed by another thread while we waited (its number may be another
         // file's already): what poll says of a closed fd.
-        if (!is_gs(gs[k].fd)) gs[k].revents = POLLNVAL;
-        if ((fds[gs_index[k]].revents = gs[k].revents)) ++ready;
+        if (!is_gs(gs_fds[k].fd)) gs_fds[k].revents = POLLNVAL;
+        if ((fds[gs_index[k]].revents = gs_fds[k].revents)) ++ready;
       }
     }
     if (!kern.empty()) {
@@ -48,11 +47,11 @@ int emulated_poll(pollfd *fds, nfds_t nfds, const timespec *timeout, const sigse
     return ready;
   };
   auto sleep = [&](const timespec *until, const timespec *step) -> int {
-    return sleep_on_events(gs, kern, until, step, sigmask);
+    return sleep_on_events(gs_fds, kern, until, step, sigmask);
   };
   const int n = wait_loop(timeout, check, sleep);
   const int saved = errno;
-  for (const pollfd &p : gs) waiter_leave(p.fd);
+  for (const pollfd &p : gs_fds) waiter_leave(p.fd);
   errno = saved;
   return n;
 }
@@ -98,28 +97,28 @@ int sleep_on(Begin begin, End end, size_t gs_count, const std::vector<pollfd> &k
 
 int sleep_on_set(gs_ready_set_t *set, size_t members, const std::vector<pollfd> &kern, const timespec *until,
                  const timespec *step, const sigset_t *sigmask) {
-  return sleep_on([&](pollfd *wait, size_t max) { return gs_ready_set_wait_begin(set, wait, max); },
-                  [&] { gs_ready_set_wait_end(set); }, set != nullptr ? members : 0, kern, until, step, sigmask);
+  return sleep_on([&](pollfd *wait, size_t max) { return gs().ready_set_wait_begin(set, wait, max); },
+                  [&] { gs().ready_set_wait_end(set); }, set != nullptr ? members : 0, kern, until, step, sigmask);
 }
 
-int sleep_on_events(const std::vector<pollfd> &gs, const std::vector<pollfd> &kern, const timespec *until,
+int sleep_on_events(const std::vector<pollfd> &gs_fds, const std::vector<pollfd> &kern, const timespec *until,
                     const timespec *step, const sigset_t *sigmask) {
   auto begin = [&](pollfd *wait, size_t max) {
-    const int n = gs_wait_begin(gs.data(), gs.size(), wait, max);
+    const int n = gs().wait_begin(gs_fds.data(), gs_fds.size(), wait, max);
     if (n < 0) return n;
     // A socket closed by another thread before gs_wait_begin saw it was left
     // out of the sleep, and its close woke nobody: look again (POLLNVAL).
     // After this check a close still to come wakes us (the shim forgets the
     // fd before gpusock closes the socket).
-    for (const pollfd &p : gs)
+    for (const pollfd &p : gs_fds)
       if (!is_gs(p.fd)) {
-        gs_wait_end(gs.data(), gs.size());
+        gs().wait_end(gs_fds.data(), gs_fds.size());
         return -EAGAIN;
       }
     return n;
   };
   return sleep_on(
-      begin, [&] { gs_wait_end(gs.data(), gs.size()); }, gs.size(), kern, until, step, sigmask);
+      begin, [&] { gs().wait_end(gs_fds.data(), gs_fds.size()); }, gs_fds.size(), kern, until, step, sigmask);
 }
 
 // ------------------------------------------------------------------ blocking calls
@@ -146,7 +145,7 @@ int wait_gs(int fd, short events, Clock::time_point deadline) {
 
 bool gs_nonblocking(int fd) {
   Inside guard;
-  const int fl = gs_fcntl(fd, F_GETFL);
+  const int fl = gs().fcntl(fd, F_GETFL);
   return fl >= 0 && (fl & O_NONBLOCK);
 }
 

@@ -19,9 +19,8 @@
 
 #include "preload/config.h"
 #include "preload/fd_table.h"
+#include "preload/library.h"
 #include "preload/signals.h"
-
-#include <gpusock/socket.h>
 
 #include <poll.h>
 #include <sched.h>
@@ -55,13 +54,13 @@ int wait_loop(const timespec *timeout, Check check, Sleep sleep) {
   const auto deadline =
       forever ? Clock::time_point::max()
               : start + std::chrono::seconds(timeout->tv_sec) + std::chrono::nanoseconds(timeout->tv_nsec);
-  auto spin_until = start + std::chrono::microseconds(gs_spin_budget_us());
+  auto spin_until = start + std::chrono::microseconds(gs().spin_budget_us());
   const unsigned signals_before = t_signals;
   long backoff_us = 10;
   // Every way out tells the library how long the wait took (its spin slot
   // goes back, and the next spin adapts).
   const auto done = [&](int result) {
-    gs_spin_record(
+    gs().spin_record(
         static_cast<long>(std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start).count()));
     return result;
   };
@@ -76,7 +75,7 @@ int wait_loop(const timespec *timeout, Check check, Sleep sleep) {
       return done(-1);
     }
     if (now < spin_until) {
-      if (gs_spin_yield()) spin_until = now;  // another thread wants this core: sleep
+      if (gs().spin_yield()) spin_until = now;  // another thread wants this core: sleep
       continue;
     }
     auto step = std::chrono::microseconds(backoff_us);
@@ -117,9 +116,9 @@ int wait_in_pieces(const timespec *timeout, long piece_ms, Once once, Retry retr
 }
 
 // One sleep of wait_loop: until an event on the kernel fds `kern`, on the
-// gpusock sockets `gs` (through gs_wait_begin), a signal, or `until`; at most
+// gpusock sockets `gs_fds` (through gs_wait_begin), a signal, or `until`; at most
 // `step` when the sockets' transports have no wait fd. 0, or -1 with errno.
-int sleep_on_events(const std::vector<pollfd> &gs, const std::vector<pollfd> &kern, const timespec *until,
+int sleep_on_events(const std::vector<pollfd> &gs_fds, const std::vector<pollfd> &kern, const timespec *until,
                     const timespec *step, const sigset_t *sigmask);
 
 // The same for an epoll set's gpusock members, through their readiness set

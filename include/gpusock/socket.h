@@ -144,6 +144,15 @@ int gs_dup(int socket);
 int gs_dup2(int socket, int newfd);
 int gs_dup3(int socket, int newfd, int flags);
 
+/* fork() runs these itself (pthread_atfork): a child abandons the parent's
+ * sockets and transport without touching them and opens its own. A process
+ * that makes a child with a raw clone system call, which runs no fork
+ * handlers, calls gs_fork_prepare() just before it, then gs_fork_parent() in
+ * the parent and gs_fork_child() in the child. */
+void gs_fork_prepare(void);
+void gs_fork_parent(void);
+void gs_fork_child(void);
+
 /* Whether fd is a gpusock socket (1) or not (0). */
 int gs_is_socket(int fd);
 /* The last error's explanation for this thread, e.g. which provider is missing. */

@@ -316,12 +316,14 @@ int MsgListenerCore::next_request_locked(RawCmEvent *out) {
 
 void MsgListenerCore::refuse_queued_locked() {
   RawCmEvent event;
+  if (!creator.here()) return;  // the EQ and its set are another process's
   if (!closed && listen_fd >= 0) (void)epoll_ctl(eq_fd, EPOLL_CTL_DEL, listen_fd, nullptr);  // fi_close ignores it
   closed = true;
   while (next_request_locked(&event) > 0) {}
 }
 
 MsgListenerCore::~MsgListenerCore() {
+  if (!creator.here()) return;  // left to its process (creator.h)
   if (pep != nullptr && eq != nullptr) {
     // tcp does not drop a closed pep's queued FI_CONNREQs: take them now (and
     // refuse them) so that none is left naming a freed fid.

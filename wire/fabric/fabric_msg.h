@@ -4,6 +4,7 @@
 // endpoints are in fabric_msg_endpoint.cc.
 #pragma once
 
+#include "wire/fabric/creator.h"
 #include "wire/fabric/fabric_common.h"
 
 #include <atomic>
@@ -58,6 +59,7 @@ struct MsgListenerCore {
   int listen_fd = -1;   // the pep's listening socket, as tcp put it in the EQ's epoll set
   std::mutex mu;        // the EQ: the listener's thread, and the core's last owner
   bool closed = false;  // the Listener is gone: requests are refused as they are read
+  Creator creator;      // only it takes the socket out of the set and closes the fids
   ~MsgListenerCore();
   // The Listener object is going: refuse what waits. The pep stays open while
   // requests handed out still need it for fi_reject.

@@ -49,6 +49,7 @@ class MsgEndpoint final : public FabricEndpointBase {
   bool cm_check_now_ = false;     // poll() saw an error: look at the EQ soon
   uint8_t peer_record_[64] = {};  // passive side: the client's private data
   uint32_t peer_record_len_ = 0;
+  Creator creator_;  // only it closes the fids (tcp takes the socket out of its shared epoll set)
   static char recv_dummy_;
 };
 
@@ -99,6 +100,7 @@ gs_status_t MsgEndpoint::start_accept(MsgConnectionRequest *request, const void 
 }
 
 MsgEndpoint::~MsgEndpoint() {
+  if (!creator_.here()) return;  // left to its process (creator.h)
   if (ep_ != nullptr) {
     std::lock_guard<std::mutex> lock(domain_->cm_mutex());
     if (registered_) domain_->remove_mailbox(&ep_->fid);

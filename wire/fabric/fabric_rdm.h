@@ -5,6 +5,7 @@
 // that accepted endpoints talk back to (fabric_rdm_listener.cc).
 #pragma once
 
+#include "wire/fabric/creator.h"
 #include "wire/fabric/fabric_common.h"
 #include "wire/fabric/shm_bell.h"
 #include "wire/fabric/shm_names.h"
@@ -73,6 +74,7 @@ struct RdmShared {
   std::mutex mu;
   std::atomic<bool> alive{true};                    // owner not yet destroyed
   std::vector<std::shared_ptr<RdmShared>> inbound;  // in-process senders to us
+  Creator creator;                                  // only it closes the endpoint (which unlinks its region)
 
   ~RdmShared();
 };
@@ -197,6 +199,7 @@ struct RdmListenerCore {
   bool closed = false;  // the Listener object is gone; requests may live on
   sockaddr_storage bound{};
   std::shared_ptr<shm::PeerWatch> stuck_watch;  // releases a lock a dead client left held
+  Creator creator;                              // only it removes the rendezvous and closes the listener
 
   ~RdmListenerCore();
   gs_status_t post_buf(size_t index) {

@@ -208,6 +208,7 @@ void RdmListenerCore::shutdown() {
   std::lock_guard<std::mutex> lock(mu);
   if (closed) return;
   closed = true;
+  if (!creator.here()) return;  // its rendezvous, bell and requests are another process's
   if (shared && shared->ep != nullptr) refuse_unhandled_locked();
   if (rendezvous_fd >= 0) {
     shm_unlink(rendezvous.c_str());
@@ -220,6 +221,11 @@ void RdmListenerCore::shutdown() {
 }
 
 RdmListenerCore::~RdmListenerCore() {
+  if (!creator.here()) {  // left to its process (creator.h), the endpoint with it
+    new std::shared_ptr<RdmShared>(std::move(shared));
+    new std::deque<PendingCtrl>(std::move(pending));
+    return;
+  }
   if (stuck_watch) domain->watchdog().unwatch(stuck_watch);
   if (rendezvous_fd >= 0) {  // listen() failed half way
     shm_unlink(rendezvous.c_str());

@@ -146,7 +146,8 @@ std::vector<std::string> rendezvous_candidates(const sockaddr_storage &addr) {
 }
 
 RdmShared::~RdmShared() {
-  close_fid(ep);  // unlinks /dev/shm/<name> (and the bell page appended to it)
+  if (!creator.here()) return;  // left to its process (creator.h); so is its bell
+  close_fid(ep);                // unlinks /dev/shm/<name> (and the bell page appended to it)
   close_fid(cq);
   close_fid(av);
   if (board) board->give_slot(hint_slot);

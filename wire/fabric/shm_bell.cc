@@ -95,7 +95,7 @@ int send_to_bell(int ringer, const std::string &path, const void *data, size_t l
 Bell::~Bell() {
   if (sock_ >= 0) {
     close(sock_);
-    unlink(path_.c_str());
+    if (creator_.here()) unlink(path_.c_str());
   }
   if (page_ != nullptr) munmap(page_, kBellPageSize);
   if (head_map_ != nullptr) munmap(head_map_, kBellPageSize);
@@ -164,7 +164,7 @@ void Bell::serve_requests(int ringer) {
 }
 
 void Bell::close_for_good(int ringer) {
-  if (page_ == nullptr) return;
+  if (page_ == nullptr || !creator_.here()) return;
   page_->closed.store(1, std::memory_order_seq_cst);
   std::atomic_thread_fence(std::memory_order_seq_cst);
   collect_requests();

@@ -46,6 +46,7 @@
 // endpoint is gone.
 #pragma once
 
+#include "wire/fabric/creator.h"
 #include "wire/fabric/shm_hints.h"
 
 #include <atomic>
@@ -133,6 +134,7 @@ class Bell {
  private:
   int sock_ = -1;
   std::string path_;
+  Creator creator_;  // only it closes the bell for good and unlinks it
   BellPage *page_ = nullptr;
   void *head_map_ = nullptr;
   const int32_t *signal_ = nullptr;

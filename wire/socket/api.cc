@@ -155,6 +155,7 @@ int gs_socket(int domain, int type, int protocol) {
     if (domain != AF_INET && domain != AF_INET6) return finish(-EAFNOSUPPORT);
     if ((type & ~(SOCK_NONBLOCK | SOCK_CLOEXEC)) != SOCK_STREAM) return finish(-ESOCKTNOSUPPORT);
     if (protocol != 0 && protocol != IPPROTO_TCP) return finish(-EPROTONOSUPPORT);
+    Engine::get().adopt_if_cloned();
     int status = 0;
     auto *transport = Engine::get().domain(&status);
     if (!transport) return finish(status);
@@ -171,12 +172,14 @@ int gs_bind(int fd, const struct sockaddr *addr, socklen_t len) {
   });
 }
 int gs_listen(int fd, int backlog) {
+  Engine::get().adopt_if_cloned();
   return with_socket<int>(fd, [&](StreamSocket &sock) {
     auto *s = &sock;
     return s->listen(backlog);
   });
 }
 int gs_connect(int fd, const struct sockaddr *addr, socklen_t len) {
+  Engine::get().adopt_if_cloned();
   return with_socket<int>(fd, [&](StreamSocket &sock) {
     auto *s = &sock;
     return s->connect(addr, len);
@@ -190,6 +193,7 @@ int gs_shutdown(int fd, int how) {
 }
 
 int gs_accept4(int fd, struct sockaddr *addr, socklen_t *addrlen, int flags) {
+  Engine::get().adopt_if_cloned();
   return guarded([&]() -> int {
     int status = 0;
     auto listener = lookup(fd, &status);
@@ -204,6 +208,7 @@ int gs_accept4(int fd, struct sockaddr *addr, socklen_t *addrlen, int flags) {
 int gs_accept(int fd, struct sockaddr *addr, socklen_t *addrlen) { return gs_accept4(fd, addr, addrlen, 0); }
 
 int gs_close(int fd) {
+  Engine::get().adopt_if_cloned();
   return guarded([&]() -> int { return finish(Engine::get().close(fd)); });
 }
 
@@ -397,6 +402,10 @@ long gs_spin_budget_us(void) { return static_cast<long>(gpusock::socket::SpinBud
 void gs_spin_record(long waited_us) { gpusock::socket::SpinBudget::record(waited_us); }
 int gs_spin_yield(void) { return gpusock::socket::SpinBudget::yield_core() ? 0 : 1; }
 int gs_spin_lock(pthread_spinlock_t *lock) { return gpusock::wire::yielding_spin_lock(lock); }
+
+void gs_fork_prepare(void) { Engine::fork_prepare(); }
+void gs_fork_parent(void) { Engine::fork_parent(); }
+void gs_fork_child(void) { Engine::fork_child(); }
 
 int gs_poll(struct pollfd *fds, nfds_t nfds, int timeout) {
   return guarded([&]() -> int {

@@ -2,9 +2,11 @@
 #include "wire/socket/waiting.h"
 
 #include <fcntl.h>
+#include <linux/kcmp.h>
 #include <pthread.h>
 #include <sys/eventfd.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -323,6 +325,7 @@ void Engine::background_loop() {
 // kernel would for TCP, and release transport resources (shm segments).
 void Engine::at_exit() {
   Engine &e = get();
+  e.adopt_if_cloned();
   std::vector<std::shared_ptr<StreamSocket>> open;
   {
     std::lock_guard lock(e.table_mu_);
@@ -366,6 +369,7 @@ void Engine::fork_parent() {
 // closes them. The next socket opens a fresh domain and background thread.
 void Engine::fork_child() {
   Engine &e = get();
+  e.process_.store(getpid());
   e.table_.abandon();                                                  // its sockets are never freed, on purpose
   auto *abandoned = new std::vector<std::shared_ptr<StreamSocket>>();  // never freed either
   for (auto &socket : e.closing_) abandoned->push_back(std::move(socket));
@@ -393,6 +397,25 @@ void Engine::fork_child() {
   e.closing_mu_.unlock();
   e.thread_mu_.unlock();
   e.domain_mu_.unlock();
+}
+
+void Engine::adopt_if_cloned() {
+  pid_t owner = process_.load(std::memory_order_relaxed);
+  const pid_t self = getpid();  // the kernel's answer: glibc caches no pid
+  if (owner == self) return;
+  // A vfork() child runs on its parent's memory: this is the parent's state still.
+  if (syscall(SYS_kcmp, self, owner, KCMP_VM, 0, 0) == 0) return;
+  if (!process_.compare_exchange_strong(owner, self)) return;
+  // The parent's threads are not in this process: a lock one of them held
+  // stays held here. Nobody else holds one yet.
+  new (&domain_mu_) std::mutex();
+  new (&thread_mu_) std::mutex();
+  new (&closing_mu_) std::mutex();
+  new (&table_mu_) std::mutex();
+  fork_prepare();
+  fork_child();
+  log(1, "process %d made by a clone that ran no fork handlers: its parent's sockets are left to the parent",
+      static_cast<int>(self));
 }
 
 }  // namespace gpusock::socket

@@ -10,6 +10,8 @@
 #include "wire/socket/spin_pause.h"
 #include "wire/socket/stream_socket.h"
 
+#include <unistd.h>
+
 #include <atomic>
 #include <memory>
 #include <mutex>
@@ -56,6 +58,20 @@ class Engine {
   int close_flush_seconds() const { return close_flush_s_; }
   void log(int level, const char *fmt, ...) const __attribute__((format(printf, 3, 4)));
 
+  // pthread_atfork handlers (also gs_fork_*, for raw clones): the child of
+  // fork() cannot use the parent's transport state (threads are gone;
+  // endpoints, kernel sockets and shm regions are shared with the parent,
+  // which goes on using them).
+  static void fork_prepare();
+  static void fork_parent();
+  static void fork_child();
+  // A process made by a clone that ran no fork handlers and was not reported
+  // (gs_fork_*) holds its parent's state as its own. Its first socket, close,
+  // accept, listen or connect call, and its exit, abandon that state as
+  // fork_child does, so that nothing of the parent's is torn down here (a
+  // vfork() child, on its parent's memory, leaves it as it is).
+  void adopt_if_cloned();
+
  private:
   Engine();
   void background_loop();
@@ -63,12 +79,6 @@ class Engine {
   void release(std::shared_ptr<StreamSocket> socket);
   void limit_ring_budget_to_memlock();
   static void at_exit();
-  // pthread_atfork handlers: the child of fork() cannot use the parent's
-  // transport state (threads are gone; endpoints, kernel sockets and shm regions
-  // are shared with the parent, which goes on using them).
-  static void fork_prepare();
-  static void fork_parent();
-  static void fork_child();
 
   std::mutex table_mu_;  // serializes the table's writers (add, close, dup); lookups take no lock
   FdTable<StreamSocket> table_;
@@ -88,6 +98,7 @@ class Engine {
   // A forked child opens the transport its parent had, whatever its
   // environment says by then (nginx clears its workers' environment).
   std::string inherited_transport_;
+  std::atomic<pid_t> process_{getpid()};  // whose state this is
 
   std::mutex thread_mu_;
   bool thread_started_ = false;
