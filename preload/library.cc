@@ -7,6 +7,8 @@
 #include <atomic>
 #include <cerrno>
 #include <mutex>
+#include <string>
+#include <vector>
 
 namespace gpusock::preload {
 
@@ -24,14 +26,30 @@ bool resolve(void *handle, T *fn, const char *name) {
   return *fn != nullptr;
 }
 
-void load() {
-  // Found through the shim's run path (the build tree's library directory,
-  // $ORIGIN once installed), then the system's.
+// dlopen by name, then from the shim's own directory (an installed shim's
+// $ORIGIN), then from the build tree: a dlopen that a sanitizer's runtime
+// intercepts searches that runtime's run path, not the shim's.
+void *open_library() {
   void *handle = dlopen(GS_LIBRARY_SONAME, RTLD_NOW | RTLD_LOCAL);
-  if (!handle) {
-    snprintf(g_error, sizeof g_error, "cannot load %s: %s", GS_LIBRARY_SONAME, dlerror());
-    return;
+  if (handle) return handle;
+  std::string first_error = dlerror();
+  Dl_info self{};
+  std::vector<std::string> dirs;
+  if (dladdr(reinterpret_cast<void *>(&open_library), &self) && self.dli_fname) {
+    const std::string path = self.dli_fname;
+    const size_t slash = path.rfind('/');
+    if (slash != std::string::npos) dirs.push_back(path.substr(0, slash));
   }
+  dirs.push_back(GS_LIBRARY_BUILD_DIR);
+  for (const std::string &dir : dirs)
+    if ((handle = dlopen((dir + "/" + GS_LIBRARY_SONAME).c_str(), RTLD_NOW | RTLD_LOCAL))) return handle;
+  snprintf(g_error, sizeof g_error, "cannot load %s: %s", GS_LIBRARY_SONAME, first_error.c_str());
+  return nullptr;
+}
+
+void load() {
+  void *handle = open_library();
+  if (!handle) return;
   Library l{};
   bool ok = true;
 #define R(name) ok = ok && resolve(handle, &l.name, "gs_" #name)
