@@ -144,6 +144,29 @@ class Endpoint {
   virtual void hint_self() {}
 };
 
+// Endpoints one thread sleeps on together (a readiness set's members). The
+// transport wakes the group's fd when a watched endpoint may have news, so
+// that a sleep over thousands of idle endpoints arms one word instead of
+// each endpoint. Not thread-safe: its readiness set serialises calls.
+class SleepGroup {
+ public:
+  virtual ~SleepGroup() = default;
+  // Polls readable when the group was woken while armed.
+  virtual int fd() const = 0;
+  // Starts or stops watching the endpoint with hint slot `slot`.
+  virtual void watch(int32_t slot, bool on) = 0;
+  // Whether a hint for `slot` wakes this group (it may not when another
+  // group of the process watches the same endpoint).
+  virtual bool wakes_for(int32_t slot) const = 0;
+  // Moves whenever some slot stops waking a group that watches it.
+  virtual uint64_t sharing_epoch() const = 0;
+  // Before sleeping: armed, then a full fence (take hints after it: a hint
+  // that comes after either is taken or wakes the fd).
+  virtual void arm() = 0;
+  // After sleeping: disarmed, and the fd's wake-ups read.
+  virtual void disarm() = 0;
+};
+
 // A connection request seen by a listener, not yet accepted.
 class ConnectionRequest {
  public:
@@ -250,6 +273,9 @@ class Domain {
   virtual void take_hints(const uint64_t *mask, size_t words, std::vector<int32_t> *slots) {
     (void)mask, (void)words, (void)slots;
   }
+  // A group to sleep on many hinted endpoints at once, or nullptr when the
+  // transport has none (sleep on each endpoint's wait_fd).
+  virtual std::unique_ptr<SleepGroup> open_sleep_group() { return nullptr; }
 };
 
 // Opens the transport named by `spec` ("verbs", "fabric:tcp", "fabric:shm"; empty:

@@ -9,6 +9,7 @@
 #include "wire/fabric/fabric_common.h"
 #include "wire/fabric/shm_bell.h"
 #include "wire/fabric/shm_names.h"
+#include "wire/fabric/shm_sleep_group.h"
 #include "wire/fabric/shm_watchdog.h"
 
 #include <netinet/in.h>
@@ -155,6 +156,7 @@ class RdmDomain final : public FabricDomainBase {
     hints_->take(mask, words, slots);
   }
   shm::HintBoard &hints() { return *hints_; }
+  std::unique_ptr<wire::SleepGroup> open_sleep_group() override { return shm::ShmSleepGroup::open(hints_); }
 
   // Keeps a retired endpoint's fids until its peer has read its name exchange
   // (at most kMaxParked; the oldest is closed first); closes them at once when

@@ -12,7 +12,7 @@ void RdmEndpoint::watch_peer(pid_t pid, const std::string &peer_region) {
   unwatch();
   if (pid <= 0 || pid == getpid()) return;  // in-process peers cannot die under us
   const std::string wake = shared_->bell.valid() ? shm::bell_path(shared_->name) : std::string();
-  watch_ = domain_->watchdog().watch_pid(pid, {peer_region, shared_->name}, wake);
+  watch_ = domain_->watchdog().watch_pid(pid, {peer_region, shared_->name}, wake, shared_->board, shared_->hint_slot);
   if (!watch_) fallback_watch_.watch(pid);
 }
 

@@ -90,6 +90,50 @@ int send_to_bell(int ringer, const std::string &path, const void *data, size_t l
   return again;
 }
 
+int bind_bell(const std::string &path) {
+  sockaddr_un addr;
+  socklen_t addr_len = 0;
+  if (!make_address(path, &addr, &addr_len)) {
+    errno = ENAMETOOLONG;
+    return -1;
+  }
+  const int sock = socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (sock < 0) return -1;
+  if (bind(sock, reinterpret_cast<sockaddr *>(&addr), addr_len) != 0) {
+    const int err = errno;
+    close(sock);
+    errno = err;
+    return -1;
+  }
+  return sock;
+}
+
+int connect_to_bell(const std::string &path) {
+  sockaddr_un addr;
+  socklen_t addr_len = 0;
+  if (!make_address(path, &addr, &addr_len)) return -1;
+  const int sock = open_ringer();
+  if (sock >= 0 && connect(sock, reinterpret_cast<sockaddr *>(&addr), addr_len) == 0) return sock;
+  if (sock >= 0) close(sock);
+  return -1;
+}
+
+int ring_connected(int sock) {
+  ssize_t rc;
+  while ((rc = send(sock, &kWake, 1, MSG_DONTWAIT | MSG_NOSIGNAL)) < 0 && errno == EINTR) {}
+  return rc >= 0 ? 0 : -errno;
+}
+
+bool drain_bell_socket(int sock) {
+  bool any = false;
+  char buffer[kMaxDatagram];
+  for (;;) {
+    const ssize_t n = recv(sock, buffer, sizeof(buffer), MSG_DONTWAIT);
+    if (n >= 0) any = true;
+    else if (errno != EINTR) return any;
+  }
+}
+
 // --- our bell -------------------------------------------------------------------
 
 Bell::~Bell() {
@@ -109,21 +153,13 @@ bool Bell::open(const std::string &name, const HintBoard *board, int32_t slot) {
   if (page_ == nullptr) return false;
   signal_ = &static_cast<const ShmRegionHead *>(head_map_)->signal;
   path_ = bell_path(name);
-  sockaddr_un addr;
-  socklen_t addr_len = 0;
-  if (!make_address(path_, &addr, &addr_len)) return false;
-  const int sock = socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (sock < 0) return false;
-  if (bind(sock, reinterpret_cast<sockaddr *>(&addr), addr_len) != 0) {
-    close(sock);
-    return false;
-  }
-  sock_ = sock;
+  sock_ = bind_bell(path_);
+  if (sock_ < 0) return false;
   if (board != nullptr && board->valid() && slot >= 0 && board->name().size() < sizeof(page_->hint_board)) {
     std::memcpy(page_->hint_board, board->name().c_str(), board->name().size() + 1);
     page_->hint_slot = static_cast<uint32_t>(slot) + 1;
   }
-  page_->marks_hints = 1;
+  page_->marks_hints = kMarksHintsVersion;
   // Last: a peer that finds the magic may ring, and ask for ring-backs.
   page_->version = kBellVersion;
   __atomic_store_n(&page_->magic, kBellMagic, __ATOMIC_RELEASE);
@@ -273,21 +309,12 @@ int PeerBell::ring() const {
   std::atomic_thread_fence(std::memory_order_seq_cst);
   hint_.mark();
   if (connected_ < 0 && reserve_connected_ringer(kConnectedRingers)) {
-    sockaddr_un addr;
-    socklen_t addr_len = 0;
-    const int sock = open_ringer();
-    if (sock >= 0 && make_address(path_, &addr, &addr_len) &&
-        connect(sock, reinterpret_cast<sockaddr *>(&addr), addr_len) == 0) {
-      connected_ = sock;
-    } else {
-      if (sock >= 0) close(sock);
-      g_connected_ringers.fetch_sub(1, std::memory_order_relaxed);
-    }
+    connected_ = connect_to_bell(path_);
+    if (connected_ < 0) g_connected_ringers.fetch_sub(1, std::memory_order_relaxed);
   }
   int rc = -ENOTCONN;
   if (connected_ >= 0) {
-    while ((rc = send(connected_, &kWake, 1, MSG_DONTWAIT | MSG_NOSIGNAL)) < 0 && errno == EINTR) {}
-    rc = rc >= 0 ? 0 : -errno;
+    rc = ring_connected(connected_);
     if (rc == -ECONNREFUSED || rc == -ENOTCONN) drop_connected();  // its bell was made again: by path from now on
   }
   if (connected_ < 0) rc = send_to_bell(ringer_, path_, &kWake, 1);

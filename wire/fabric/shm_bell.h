@@ -67,7 +67,7 @@ struct BellPage {
   std::atomic<uint32_t> closed;                // a listener that takes no more requests
   uint32_t hint_slot;                          // slot + 1 on the board named next; 0: none
   char hint_board[64];
-  uint32_t marks_hints;  // this endpoint marks its peers' hint bits
+  uint32_t marks_hints;  // kMarksHintsVersion: this endpoint marks its peers' hint bits
 };
 static_assert(sizeof(BellPage) <= kBellPageSize, "one page");
 
@@ -78,6 +78,21 @@ int open_ringer();
 // (-ECONNREFUSED / -ENOENT: nobody owns that bell any more; -EAGAIN: its queue
 // is full: readable already, but this datagram is not in it).
 int send_to_bell(int ringer, const std::string &path, const void *data, size_t len);
+
+// A socket bound at `path` to receive rings (non-blocking, close-on-exec),
+// or -1 with errno.
+int bind_bell(const std::string &path);
+// A socket connected to the bell at `path`, or -1.
+int connect_to_bell(const std::string &path);
+// One wake-up byte down a connected ringer: 0 or a negated errno (-EAGAIN:
+// the bell's queue is full, so it is readable already).
+int ring_connected(int sock);
+// Reads every datagram waiting on a bell socket; true if there was any.
+bool drain_bell_socket(int sock);
+
+// What a bell page's marks_hints says: the endpoint marks its peers' hint
+// bits and wakes their sleep groups (shm_hints.h). An older value: neither.
+constexpr uint32_t kMarksHintsVersion = 2;
 
 // Our own bell. Not thread-safe: its endpoint serialises calls.
 class Bell {
@@ -178,7 +193,7 @@ class PeerBell {
   int request_ringback(const std::string &our_name) const;
   // The peer marks our hint bit whenever it may have news for us (an older
   // gpusock does not: then only looking tells).
-  bool marks_hints() const { return page_ != nullptr && page_->marks_hints != 0; }
+  bool marks_hints() const { return page_ != nullptr && page_->marks_hints >= kMarksHintsVersion; }
   // The peer (a listener) takes no more requests.
   bool closed() const { return page_ != nullptr && page_->closed.load(std::memory_order_relaxed) != 0; }
   // One byte to the peer's bell.

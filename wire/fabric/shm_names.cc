@@ -25,7 +25,6 @@ namespace {
 constexpr char kShmDir[] = "/dev/shm";  // where glibc's shm_open puts its objects
 constexpr char kEndpointPrefix[] = "gpusock-ep-";
 constexpr char kRendezvousPrefix[] = "gpusock-";
-constexpr char kBellSuffix[] = ".bell";
 // A rendezvous file with no content yet may be a listener between creating and
 // locking it; only this old is it left over.
 constexpr time_t kUnfinishedRendezvousS = 10;

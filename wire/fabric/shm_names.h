@@ -76,6 +76,7 @@ bool parse_endpoint_name(std::string_view name, ProcessId *owner);
 bool endpoint_owner_alive(std::string_view name);
 
 // The bell socket of endpoint `name`: /dev/shm/<name>.bell.
+constexpr char kBellSuffix[] = ".bell";
 std::string bell_path(const std::string &endpoint_name);
 
 // Removes what endpoint `name` has in /dev/shm (its region and its bell):

@@ -79,10 +79,13 @@ ShmWatchdog::~ShmWatchdog() {
 }
 
 std::shared_ptr<PeerWatch> ShmWatchdog::watch_pid(pid_t pid, const std::vector<std::string> &regions,
-                                                  const std::string &wake_path) {
+                                                  const std::string &wake_path, std::shared_ptr<HintBoard> board,
+                                                  int32_t slot) {
   auto watch = std::make_shared<PeerWatch>();
   watch->pid = pid;
   watch->wake_path = wake_path;
+  watch->board = std::move(board);
+  watch->slot = slot;
   add_locks(watch.get(), regions);
   return add(watch) ? watch : nullptr;
 }
@@ -185,6 +188,7 @@ void ShmWatchdog::fire(PeerWatch *watch) {
     const char one = 1;
     (void)send_to_bell(ringer_, watch->wake_path, &one, 1);
   }
+  if (watch->board) watch->board->mark(watch->slot);
   if (!watch->locks.empty() && watch->locks[0]->held()) watch->locks[0]->release();
   if (watch->locks.size() > 1) {
     watch->own_lock_pending = true;

@@ -31,6 +31,7 @@
 // Reaching the lock needs shm's region layout (shm_region.h).
 #pragma once
 
+#include "wire/fabric/shm_hints.h"
 #include "wire/fabric/shm_region.h"
 
 #include <sys/types.h>
@@ -72,6 +73,8 @@ struct PeerWatch {
   bool own_lock_pending = false;  // dead, and our region's lock not yet settled
   uint64_t held_since_ms = 0;
   std::string wake_path;  // the bell to ring when the peer dies
+  std::shared_ptr<HintBoard> board;  // and the hint to mark (its sleep group may watch it)
+  int32_t slot = -1;
   std::vector<std::unique_ptr<RegionLock>> locks;
 };
 
@@ -124,10 +127,12 @@ class ShmWatchdog {
  public:
   ~ShmWatchdog();
 
-  // When `pid` dies: mark the watch dead, ring the bell at `wake_path`, and
-  // release the regions' locks. nullptr if the watchdog cannot run.
+  // When `pid` dies: mark the watch dead, ring the bell at `wake_path`, mark
+  // `slot` on `board` (if any), and release the regions' locks. nullptr if
+  // the watchdog cannot run.
   std::shared_ptr<PeerWatch> watch_pid(pid_t pid, const std::vector<std::string> &regions,
-                                       const std::string &wake_path);
+                                       const std::string &wake_path, std::shared_ptr<HintBoard> board = nullptr,
+                                       int32_t slot = -1);
   // Release `region`'s lock when it stays held for kStuckLockMs.
   std::shared_ptr<PeerWatch> watch_stuck(const std::string &region);
   void unwatch(const std::shared_ptr<PeerWatch> &watch);

@@ -1,0 +1,38 @@
+#include "wire/fabric/shm_sleep_group.h"
+
+#include "wire/fabric/shm_bell.h"
+#include "wire/fabric/shm_names.h"
+
+#include <unistd.h>
+
+namespace gpusock::wire::fabric::shm {
+
+std::unique_ptr<ShmSleepGroup> ShmSleepGroup::open(std::shared_ptr<HintBoard> board) {
+  if (!board || !board->valid()) return nullptr;
+  std::string bell = new_endpoint_name(nullptr);
+  const int sock = bind_bell(bell_path(bell));
+  if (sock < 0) return nullptr;
+  const uint32_t group = board->take_group(bell);
+  if (group == 0) {
+    close(sock);
+    unlink(bell_path(bell).c_str());
+    return nullptr;
+  }
+  remove_at_exit(bell + kBellSuffix, true);
+  return std::unique_ptr<ShmSleepGroup>(new ShmSleepGroup(std::move(board), group, sock, std::move(bell)));
+}
+
+ShmSleepGroup::~ShmSleepGroup() {
+  close(sock_);
+  if (!creator_.here()) return;  // a clone's copy: the entry and the file are its parent's
+  board_->give_group(group_);
+  unlink(bell_path(bell_).c_str());
+  remove_at_exit(bell_ + kBellSuffix, false);
+}
+
+void ShmSleepGroup::disarm() {
+  armed().store(0, std::memory_order_relaxed);
+  drain_bell_socket(sock_);
+}
+
+}  // namespace gpusock::wire::fabric::shm
