@@ -14,7 +14,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <mutex>
 #include <new>
+#include <thread>
 #include <cstdarg>
 #include <cstring>
 #include <vector>
@@ -61,9 +63,10 @@ void end_sleep(const std::vector<SleepMember> &members, size_t count) {
   end_sleep(sockets);
 }
 
-// gs_wait_begin over sockets: the fds to sleep on into wait[0..max) and
-// their count, 0 (no wait fd: short steps), -EAGAIN or -ENOSPC.
-int begin_sleep(const std::vector<SleepMember> &members, pollfd *wait, nfds_t max) {
+// gs_wait_begin over sockets: the fds to sleep on (and `extra_fd`, if any)
+// into wait[0..max) and their count, 0 (no wait fd: short steps), -EAGAIN
+// or -ENOSPC.
+int begin_sleep(const std::vector<SleepMember> &members, pollfd *wait, nfds_t max, int extra_fd = -1) {
   gpusock::socket::SpinBudget::stop_spinning();  // about to sleep: the spin slot goes back
   const int waker = gpusock::socket::thread_waker_fd();
   if (waker < 0) return -errno;
@@ -90,6 +93,7 @@ int begin_sleep(const std::vector<SleepMember> &members, pollfd *wait, nfds_t ma
   }
   if (no_fd) return 0;  // the sleepers stay registered until the sleep ends
   out.push_back({waker, POLLIN, 0});
+  if (extra_fd >= 0) out.push_back({extra_fd, POLLIN, 0});
   std::sort(out.begin(), out.end(), [](const pollfd &a, const pollfd &b) { return a.fd < b.fd; });
   out.erase(std::unique(out.begin(), out.end(), [](const pollfd &a, const pollfd &b) { return a.fd == b.fd; }),
             out.end());
@@ -354,6 +358,9 @@ void gs_wait_end(const struct pollfd *fds, nfds_t nfds) {
 
 struct gs_ready_set {
   gpusock::socket::ReadySet set;
+  std::mutex mu;
+  // What each sleeping thread armed one by one (under its own waker).
+  std::vector<std::pair<std::thread::id, std::vector<SleepMember>>> asleep;
 };
 
 gs_ready_set_t *gs_ready_set_create(void) {
@@ -373,17 +380,33 @@ int gs_ready_set_wait_begin(gs_ready_set_t *set, struct pollfd *wait, nfds_t max
   if (set == nullptr || wait == nullptr) return finish(-EINVAL);
   return guarded([&] {
     std::vector<SleepMember> members;
-    if (!set->set.sleep_members(&members)) return finish(-EAGAIN);  // news since the last look
-    return finish(begin_sleep(members, wait, max));
+    int group_fd = -1;
+    if (!set->set.begin_sleep(&members, &group_fd)) return finish(-EAGAIN);  // news since the last look
+    const int n = begin_sleep(members, wait, max, group_fd);
+    if (n < 0) {
+      set->set.end_sleep();
+      return finish(n);
+    }
+    std::lock_guard lock(set->mu);
+    set->asleep.emplace_back(std::this_thread::get_id(), std::move(members));
+    return n;
   });
 }
 
 void gs_ready_set_wait_end(gs_ready_set_t *set) {
   if (set == nullptr) return;
   guarded([&] {
-    std::vector<std::shared_ptr<StreamSocket>> sockets;
-    set->set.member_sockets(&sockets);
-    end_sleep(sockets);
+    std::vector<SleepMember> members;
+    {
+      std::lock_guard lock(set->mu);
+      const auto mine = std::find_if(set->asleep.begin(), set->asleep.end(),
+                                     [](const auto &e) { return e.first == std::this_thread::get_id(); });
+      if (mine == set->asleep.end()) return 0;
+      members = std::move(mine->second);
+      set->asleep.erase(mine);
+    }
+    end_sleep(members, members.size());
+    set->set.end_sleep();
     return 0;
   });
 }

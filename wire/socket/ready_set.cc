@@ -2,6 +2,7 @@
 
 #include "wire/socket/engine.h"
 #include "wire/socket/waiting.h"
+#include "wire/transport.h"
 
 #include <sys/epoll.h>
 
@@ -24,6 +25,8 @@ void sum_into(ReadySet::Stats &to, const ReadySet::Stats &from) {
   add(to.reported, get(from.reported));
   add(to.not_quiet, get(from.not_quiet));
   add(to.hinted, get(from.hinted));
+  add(to.sleeps, get(from.sleeps));
+  add(to.sleep_arms, get(from.sleep_arms));
 }
 
 // The process's sets, and the sums of those gone, for the counts at exit.
@@ -51,9 +54,9 @@ void log_stats_at_exit() {
   const auto get = [](const std::atomic<uint64_t> &c) { return static_cast<unsigned long long>(c.load()); };
   Engine::get().log(1,
                     "readiness sets: %llu passes (%llu full, %llu empty), %llu looks, %llu ready, %llu looked at "
-                    "again for want of hints, %llu hinted",
+                    "again for want of hints, %llu hinted; %llu sleeps arming %llu members one by one",
                     get(sum.passes), get(sum.full_passes), get(sum.empty_passes), get(sum.looks), get(sum.reported),
-                    get(sum.not_quiet), get(sum.hinted));
+                    get(sum.not_quiet), get(sum.hinted), get(sum.sleeps), get(sum.sleep_arms));
 }
 
 }  // namespace
@@ -69,10 +72,21 @@ ReadySet::ReadySet() : full_every_(std::chrono::milliseconds(env_or("GPUSOCK_REA
 }
 
 ReadySet::~ReadySet() {
+  if (group_ && group_domain_ != Engine::get().opened_domain()) {
+    (void)group_.release();  // a forked child's copy of its parent's group: the parent's to tear down
+  } else if (group_) {
+    for (auto &[fd, m] : members_)
+      if (m.watched) group_->watch(m.slot, false);
+  }
   Registry &r = registry();
   std::lock_guard lock(r.mu);
   r.live.erase(std::remove(r.live.begin(), r.live.end(), this), r.live.end());
   sum_into(r.gone, stats_);
+}
+
+void ReadySet::note_alone_locked(int fd, const Member &m) {
+  if (m.watched && group_->wakes_for(m.slot)) one_by_one_.erase(fd);
+  else if (one_by_one_.insert(fd).second) queue_locked(fd);  // another set may have taken its hints
 }
 
 void ReadySet::set_slot_locked(int fd, Member &m, int32_t slot) {
@@ -80,18 +94,46 @@ void ReadySet::set_slot_locked(int fd, Member &m, int32_t slot) {
   if (m.slot >= 0) {
     mask_[static_cast<size_t>(m.slot) / 64] &= ~(uint64_t{1} << (m.slot % 64));
     slot_fd_.erase(m.slot);
+    if (m.watched) group_->watch(m.slot, false);
+    m.watched = false;
   }
   m.slot = slot;
-  if (slot < 0) return;
-  const size_t word = static_cast<size_t>(slot) / 64;
-  if (mask_.size() <= word) mask_.resize(word + 1, 0);
-  mask_[word] |= uint64_t{1} << (slot % 64);
-  slot_fd_[slot] = fd;
+  if (slot >= 0) {
+    const size_t word = static_cast<size_t>(slot) / 64;
+    if (mask_.size() <= word) mask_.resize(word + 1, 0);
+    mask_[word] |= uint64_t{1} << (slot % 64);
+    slot_fd_[slot] = fd;
+    if (group_) group_->watch(slot, true);
+    m.watched = group_ != nullptr;
+  }
+  note_alone_locked(fd, m);
 }
 
 void ReadySet::erase_locked(std::unordered_map<int, Member>::iterator it) {
   set_slot_locked(it->first, it->second, -1);
+  one_by_one_.erase(it->first);
   members_.erase(it);  // a stale entry in look_ is skipped
+}
+
+void ReadySet::refresh_group_locked() {
+  wire::Domain *domain = Engine::get().opened_domain();
+  bool rescan = false;
+  if (domain != group_domain_) {
+    if (group_domain_ != nullptr) (void)group_.release();  // a forked child: the old group is its parent's
+    group_domain_ = domain;
+    group_ = domain != nullptr ? domain->open_sleep_group() : nullptr;
+    for (auto &[fd, m] : members_) {
+      m.watched = group_ != nullptr && m.slot >= 0;
+      if (m.watched) group_->watch(m.slot, true);
+    }
+    rescan = true;
+  }
+  if (group_ && group_->sharing_epoch() != sharing_epoch_) {
+    sharing_epoch_ = group_->sharing_epoch();
+    rescan = true;
+  }
+  if (rescan)
+    for (auto &[fd, m] : members_) note_alone_locked(fd, m);
 }
 
 int ReadySet::ctl(int op, int fd, short events) {
@@ -106,12 +148,15 @@ int ReadySet::ctl(int op, int fd, short events) {
         erase_locked(it);  // the fd of a socket closed behind our back
       }
       members_[fd] = Member{events, socket.get()};
+      one_by_one_.insert(fd);
       queue_locked(fd);
+      wake_sleepers_locked();  // as the kernel's epoll: a sleep sees members added meanwhile
       return 0;
     case EPOLL_CTL_MOD:
       if (it == members_.end()) return -ENOENT;
       it->second.events = events;
       queue_locked(fd);
+      wake_sleepers_locked();
       return 0;
     case EPOLL_CTL_DEL:
       if (it == members_.end()) return -ENOENT;
@@ -166,23 +211,51 @@ void ReadySet::gather_locked() {
     if (c.look_fd >= 0 && fd_looks_[k++].revents == 0) c.quiet_fd = c.look_fd;
 }
 
-bool ReadySet::sleep_members(std::vector<SleepMember> *out) {
+bool ReadySet::begin_sleep(std::vector<SleepMember> *out, int *group_fd) {
   std::lock_guard lock(mu_);
-  if (take_hints_locked() > 0) return false;
-  for (auto &[fd, m] : members_)
+  refresh_group_locked();
+  if (group_) {
+    group_->arm();  // then take the hints (shm_hints.h), and see whether
+    refresh_group_locked();  // another set began watching a member meanwhile
+  }
+  if (take_hints_locked() > 0) {
+    if (group_ && sleepers_.empty()) group_->disarm();
+    return false;
+  }
+  sleepers_.push_back(thread_waker_fd());
+  ++pass_;
+  const auto add_member = [&](int fd) {
+    auto it = members_.find(fd);
+    if (it == members_.end() || it->second.pass == pass_) return;
+    Member &m = it->second;
+    m.pass = pass_;
     if (auto socket = Engine::get().find(fd); socket && socket.get() == m.socket)
       out->push_back(SleepMember{std::move(socket), m.events, !m.queued});
+  };
+  for (int fd : one_by_one_) add_member(fd);
+  for (int fd : look_) add_member(fd);  // news at the last look
+  *group_fd = group_ ? group_->fd() : -1;
+  add(stats_.sleeps, 1);
+  add(stats_.sleep_arms, out->size());
   return true;
 }
 
-void ReadySet::member_sockets(std::vector<std::shared_ptr<StreamSocket>> *out) {
+void ReadySet::end_sleep() {
   std::lock_guard lock(mu_);
-  for (auto &[fd, m] : members_)
-    if (auto socket = Engine::get().find(fd); socket && socket.get() == m.socket) out->push_back(std::move(socket));
+  if (auto it = std::find(sleepers_.begin(), sleepers_.end(), thread_waker_fd()); it != sleepers_.end())
+    sleepers_.erase(it);
+  // The last sleeper reads the group's wake-ups: one read by another thread
+  // would leave this one asleep with the word taken.
+  if (sleepers_.empty() && group_) group_->disarm();
+}
+
+void ReadySet::wake_sleepers_locked() {
+  for (int waker : sleepers_) wake_waker(waker);
 }
 
 int ReadySet::poll(pollfd *out, int max, bool *all) {
   std::lock_guard lock(mu_);
+  refresh_group_locked();
   take_hints_locked();
   const auto now = std::chrono::steady_clock::now();
   const bool full = now >= next_full_;
@@ -206,6 +279,8 @@ int ReadySet::poll(pollfd *out, int max, bool *all) {
     int32_t slot = -1;
     const short ready = c.socket->look_for_set(m.events, c.quiet_fd, &slot, &quiet);
     set_slot_locked(c.fd, m, slot);
+    // A hint another set may take (a member of two sets) promises nothing.
+    quiet = quiet && one_by_one_.count(c.fd) == 0;
     ++looks;
     if (ready != 0) out[n++] = pollfd{c.fd, m.events, ready};
     not_quiet += ready == 0 && !quiet;

@@ -10,11 +10,18 @@
 //   - it was ready at the last look (level-triggered: looked at until found
 //     not ready), or its endpoint cannot promise that only a hint brings news
 //     (a listener, a connect under way, a transport without hints, a blocked
-//     send, work taken and not yet consumed);
+//     send, work taken and not yet consumed, a member of another set too:
+//     that set may take its hints);
 //   - it was added or changed since;
 //   - a full pass is due: every member every GPUSOCK_READY_SET_FULL_MS
 //     (10), for what comes without a hint (a dead peer's verdict, keepalive,
 //     the shim's notion of a socket being waited on).
+//
+// A sleep arms the set's sleep group (wire::SleepGroup) once for every
+// member whose hints wake that group and that was found quiet, and arms the
+// others one by one (their transport has no hints, another set watches
+// them too, or they had news at the last look): a sleep over idle fabric:shm
+// connections costs the same with ten members or ten thousand.
 #pragma once
 
 #include <poll.h>
@@ -25,7 +32,13 @@
 #include <memory>
 #include <mutex>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
+
+namespace gpusock::wire {
+class Domain;
+class SleepGroup;
+}  // namespace gpusock::wire
 
 namespace gpusock::socket {
 
@@ -54,11 +67,12 @@ class ReadySet {
   // member (a full pass).
   int poll(pollfd *out, int max, bool *all = nullptr);
 
-  // The members to sleep on; false, and none, when hints came for members
-  // since the last pass (look again instead of sleeping).
-  bool sleep_members(std::vector<SleepMember> *out);
-  // The members' sockets, to unregister a sleep.
-  void member_sockets(std::vector<std::shared_ptr<StreamSocket>> *out);
+  // Begins a sleep: the members to arm one by one into *out, and the fd of
+  // the group that stands for the rest (-1: none). False, and none, when
+  // hints came for members since the last pass (look again instead). Call
+  // end_sleep() after a true, when the sleep is over or was not taken.
+  bool begin_sleep(std::vector<SleepMember> *out, int *group_fd);
+  void end_sleep();
 
   // What the passes did (GPUSOCK_LOG=info prints the process's sums at exit).
   struct Stats {
@@ -67,6 +81,8 @@ class ReadySet {
     std::atomic<uint64_t> reported{0};   // of those, ready
     std::atomic<uint64_t> not_quiet{0};  // not ready, looked at again for want of hints
     std::atomic<uint64_t> hinted{0};     // members the transport's hints named
+    std::atomic<uint64_t> sleeps{0};     // sleeps begun
+    std::atomic<uint64_t> sleep_arms{0};  // members those sleeps armed one by one
   };
   const Stats &stats() const { return stats_; }
 
@@ -75,6 +91,7 @@ class ReadySet {
     short events = 0;
     const StreamSocket *socket = nullptr;  // identity: a reused fd is a new member
     int32_t slot = -1;                     // its endpoint's hint slot, in mask_
+    bool watched = false;                  // group_ watches slot
     bool queued = false;                   // in look_
     uint64_t pass = 0;                     // the last pass that looked at it
   };
@@ -85,6 +102,11 @@ class ReadySet {
     int quiet_fd;  // look_fd when found not readable, else -1
   };
   size_t take_hints_locked();  // how many members were hinted
+  // A group for the process's current domain (a forked child's differs), and
+  // which members it wakes for.
+  void refresh_group_locked();
+  void note_alone_locked(int fd, const Member &m);
+  void wake_sleepers_locked();
   void queue_locked(int fd);
   void set_slot_locked(int fd, Member &m, int32_t slot);
   void erase_locked(std::unordered_map<int, Member>::iterator it);
@@ -94,6 +116,11 @@ class ReadySet {
 
   std::mutex mu_;
   std::unordered_map<int, Member> members_;
+  std::unordered_set<int> one_by_one_;  // members a sleep arms by themselves
+  std::unique_ptr<wire::SleepGroup> group_;
+  wire::Domain *group_domain_ = nullptr;
+  uint64_t sharing_epoch_ = 0;
+  std::vector<int> sleepers_;  // the wakers of threads between begin_sleep and end_sleep
   std::vector<uint64_t> mask_;                // the members' slots, bit s % 64 of word s / 64
   std::unordered_map<int32_t, int> slot_fd_;  // slot -> member fd
   std::vector<int> look_;                     // members the next pass looks at

@@ -3,6 +3,7 @@
 // the members with news cost), fabric:tcp none (every member is looked at):
 // the answers must be the same.
 #include "test-support/gs_sockets.h"
+#include "test-support/peer_process.h"
 
 #include <gpusock/socket.h>
 
@@ -11,11 +12,14 @@
 #include <poll.h>
 #include <sys/epoll.h>
 
+#include <signal.h>
 #include <stdlib.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <set>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -235,4 +239,123 @@ TEST(ReadySet, SleepEndsWithNewsOnAnyMember) {
     EXPECT_TRUE(ready_fds(set, POLLIN, 0).empty());
   }
   gs_ready_set_destroy(set);
+}
+
+namespace {
+
+// Begins a sleep, looking again while news makes it refuse (as a wait does):
+// the count of fds to sleep on, or a negative status.
+int begin_sleep(gs_ready_set_t *set, std::vector<pollfd> *wait) {
+  int n = -EAGAIN;
+  for (int tries = 0; tries < 100 && n == -EAGAIN; ++tries) {
+    n = gs_ready_set_wait_begin(set, wait->data(), wait->size());
+    if (n == -EAGAIN) ready_fds(set, POLLIN, 0);
+  }
+  return n;
+}
+
+bool on_shm() {
+  const char *t = getenv("GPUSOCK_TRANSPORT");
+  return t != nullptr && std::string(t) == "fabric:shm";
+}
+
+}  // namespace
+
+// A sleep over idle members: where the transport gives sleep groups
+// (fabric:shm) one fd stands for them all; elsewhere each member's is armed.
+TEST(ReadySet, SleepOverIdleMembersArmsOneFdForAllWithGroups) {
+  Pairs p(kPairs);
+  ASSERT_TRUE(p.ok(kPairs)) << gs_last_error();
+  gs_ready_set_t *set = gs_ready_set_create();
+  for (int fd : p.servers) ASSERT_EQ(gs_ready_set_ctl(set, EPOLL_CTL_ADD, fd, POLLIN), 0);
+  EXPECT_TRUE(ready_fds(set, POLLIN, 0).empty());
+  std::vector<pollfd> wait(kPairs + 8);
+  const int n = begin_sleep(set, &wait);
+  ASSERT_GE(n, 0) << n;
+  if (on_shm()) EXPECT_LE(n, 2) << "the thread's waker and the group's bell";
+  else EXPECT_GE(n, kPairs);
+  gs_ready_set_wait_end(set);
+  gs_ready_set_destroy(set);
+}
+
+// A member added by another thread while the set sleeps ends the sleep, as
+// epoll_ctl does for a thread in epoll_wait.
+TEST(ReadySet, SleepEndsWhenAnotherThreadAddsAReadyMember) {
+  Pairs p(8);
+  ASSERT_TRUE(p.ok(8)) << gs_last_error();
+  gs_ready_set_t *set = gs_ready_set_create();
+  for (int i = 0; i < 7; ++i) ASSERT_EQ(gs_ready_set_ctl(set, EPOLL_CTL_ADD, p.servers[static_cast<size_t>(i)], POLLIN), 0);
+  EXPECT_TRUE(ready_fds(set, POLLIN, 0).empty());
+  ASSERT_TRUE(send_all(p.clients[7], "q", 1));
+  std::vector<pollfd> wait(32);
+  const int n = begin_sleep(set, &wait);
+  ASSERT_GT(n, 0) << n;
+  std::thread adder([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    gs_ready_set_ctl(set, EPOLL_CTL_ADD, p.servers[7], POLLIN);
+  });
+  const int woke = ::poll(wait.data(), static_cast<nfds_t>(n), 10000);
+  gs_ready_set_wait_end(set);
+  adder.join();
+  EXPECT_GT(woke, 0) << "the sleep ended only at its timeout";
+  EXPECT_EQ(ready_fds(set, POLLIN, 1), std::set<int>{p.servers[7]});
+  gs_ready_set_destroy(set);
+}
+
+// One member in two sets (an fd in two epoll sets), each slept on by its own
+// thread: news for it wakes both.
+TEST(ReadySet, TwoSetsSleepingOnOneMemberBothWake) {
+  Pairs p(4);
+  ASSERT_TRUE(p.ok(4)) << gs_last_error();
+  gs_ready_set_t *sets[2] = {gs_ready_set_create(), gs_ready_set_create()};
+  for (int fd : p.servers) ASSERT_EQ(gs_ready_set_ctl(sets[0], EPOLL_CTL_ADD, fd, POLLIN), 0);
+  ASSERT_EQ(gs_ready_set_ctl(sets[1], EPOLL_CTL_ADD, p.servers[0], POLLIN), 0);
+  ASSERT_EQ(gs_ready_set_ctl(sets[1], EPOLL_CTL_ADD, p.servers[1], POLLIN), 0);
+  std::atomic<int> asleep{0};
+  int woke[2] = {-1, -1};
+  std::vector<std::thread> sleepers;
+  for (int k = 0; k < 2; ++k)
+    sleepers.emplace_back([&, k] {
+      EXPECT_TRUE(ready_fds(sets[k], POLLIN, 0).empty());
+      std::vector<pollfd> wait(16);
+      const int n = begin_sleep(sets[k], &wait);
+      ++asleep;
+      if (n > 0) woke[k] = ::poll(wait.data(), static_cast<nfds_t>(n), 10000);
+      gs_ready_set_wait_end(sets[k]);
+    });
+  while (asleep.load() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_TRUE(send_all(p.clients[0], "w", 1));
+  for (auto &t : sleepers) t.join();
+  EXPECT_GT(woke[0], 0);
+  EXPECT_GT(woke[1], 0);
+  for (gs_ready_set_t *set : sets) {
+    EXPECT_EQ(ready_fds(set, POLLIN, 1), std::set<int>{p.servers[0]});
+    gs_ready_set_destroy(set);
+  }
+}
+
+// The peer's process killed while the set sleeps: the sleep ends and the
+// member reports it (fabric:shm's watchdog, the kernel's reset on tcp).
+TEST(ReadySet, SleepEndsWhenThePeerProcessDies) {
+  const sockaddr_in a = test_address(free_port());
+  const int listener = listen_on(a, 4);
+  ASSERT_GE(listener, 0) << gs_last_error();
+  PeerProcess peer(GS_TEST_PEER, {"hold", std::to_string(ntohs(a.sin_port))});
+  const int s = gs_accept(listener, nullptr, nullptr);
+  ASSERT_GE(s, 0) << gs_last_error();
+  gs_ready_set_t *set = gs_ready_set_create();
+  ASSERT_EQ(gs_ready_set_ctl(set, EPOLL_CTL_ADD, s, POLLIN), 0);
+  EXPECT_TRUE(ready_fds(set, POLLIN, 0).empty());
+  std::vector<pollfd> wait(16);
+  const int n = begin_sleep(set, &wait);
+  ASSERT_GT(n, 0) << n;
+  kill(peer.pid(), SIGKILL);
+  const int woke = ::poll(wait.data(), static_cast<nfds_t>(n), 10000);
+  gs_ready_set_wait_end(set);
+  EXPECT_GT(woke, 0) << "the sleep ended only at its timeout";
+  EXPECT_EQ(ready_fds(set, POLLIN | POLLHUP | POLLERR, 1), std::set<int>{s});
+  gs_ready_set_destroy(set);
+  gs_close(s);
+  gs_close(listener);
 }

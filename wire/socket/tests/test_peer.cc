@@ -6,7 +6,10 @@
 //   blast PORT          connect and send a pattern until killed
 //   stall PORT MS       sink, but read nothing for MS after the accept
 //   listen PORT BACKLOG listen with BACKLOG, accept nothing; "listening" on stdout
+//   hold PORT           connect, send nothing, wait to be killed
 #include "test-support/peer_modes.h"
+
+#include <unistd.h>
 
 #include <cstdlib>
 #include <string>
@@ -16,7 +19,7 @@ using namespace gpusock::test;
 int main(int argc, char **argv) {
   peer_signals();
   if (argc < 3) {
-    std::fprintf(stderr, "usage: %s echo|sink|blast|stall|listen PORT [ARG]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s echo|sink|blast|stall|listen|hold PORT [ARG]\n", argv[0]);
     return 1;
   }
   const std::string mode = argv[1];
@@ -25,6 +28,11 @@ int main(int argc, char **argv) {
   if (mode == "sink") return sink_server(at, 1, 0);
   if (mode == "stall" && argc > 3) return sink_server(at, 1, 0, std::atoi(argv[3]));
   if (mode == "listen" && argc > 3) return idle_listener(at, std::atoi(argv[3]));
+  if (mode == "hold") {
+    const int fd = connect_retry(at, RetryPolicy{.seconds = 5, .pause_ms = 10, .any_error = true});
+    if (fd < 0) return 5;
+    for (;;) pause();
+  }
   if (mode == "blast") {
     const int fd = connect_retry(at, RetryPolicy{.seconds = 5, .pause_ms = 10, .any_error = true});
     return fd < 0 ? 5 : blast(fd);
