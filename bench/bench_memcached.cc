@@ -38,6 +38,7 @@
 #include <map>
 #include <random>
 #include <string>
+#include <latch>
 #include <thread>
 #include <vector>
 
@@ -126,7 +127,7 @@ int run_client(int port) {
   std::vector<std::vector<float>> lat(static_cast<size_t>(g_opt.clients));
   std::vector<long> ops(static_cast<size_t>(g_opt.clients), 0);
   std::atomic<bool> failed{false};
-  std::atomic<int> ready{0};
+  std::latch all_ready(g_opt.clients + 1);
   std::atomic<bool> measure{false}, stop{false};
   std::vector<std::thread> threads;
   for (int t = 0; t < g_opt.clients; ++t) {
@@ -134,7 +135,7 @@ int run_client(int port) {
       const int fd = connect_to(port);
       if (fd < 0) {
         failed = true;
-        ready.fetch_add(1);
+        all_ready.count_down();
         return;
       }
       std::string buf, req;
@@ -144,8 +145,9 @@ int run_client(int port) {
       };
       for (int k = t; k < kKeys; k += g_opt.clients)
         if (!set(k)) failed = true;
-      ready.fetch_add(1);
-      while (ready.load() < g_opt.clients) usleep(100);  // every key is stored before the first get
+      // Every key is stored before the first get. Asleep, not polling: a
+      // thousand threads polling starve the connects still under way.
+      all_ready.arrive_and_wait();
       std::mt19937 rng(static_cast<unsigned>(t) * 7919u + 1u);
       std::uniform_int_distribution<int> key(0, kKeys - 1);
       std::uniform_real_distribution<double> coin(0, 1);
@@ -173,7 +175,7 @@ int run_client(int port) {
       close(fd);
     });
   }
-  while (ready.load() < g_opt.clients) usleep(1000);
+  all_ready.arrive_and_wait();
   usleep(300000);  // warm-up, not measured
   const auto start = Clock::now();
   measure = true;
