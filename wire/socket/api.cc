@@ -14,9 +14,7 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <mutex>
 #include <new>
-#include <thread>
 #include <cstdarg>
 #include <cstring>
 #include <vector>
@@ -358,9 +356,6 @@ void gs_wait_end(const struct pollfd *fds, nfds_t nfds) {
 
 struct gs_ready_set {
   gpusock::socket::ReadySet set;
-  std::mutex mu;
-  // What each sleeping thread armed one by one (under its own waker).
-  std::vector<std::pair<std::thread::id, std::vector<SleepMember>>> asleep;
 };
 
 gs_ready_set_t *gs_ready_set_create(void) {
@@ -383,30 +378,16 @@ int gs_ready_set_wait_begin(gs_ready_set_t *set, struct pollfd *wait, nfds_t max
     int group_fd = -1;
     if (!set->set.begin_sleep(&members, &group_fd)) return finish(-EAGAIN);  // news since the last look
     const int n = begin_sleep(members, wait, max, group_fd);
-    if (n < 0) {
-      set->set.end_sleep();
-      return finish(n);
-    }
-    std::lock_guard lock(set->mu);
-    set->asleep.emplace_back(std::this_thread::get_id(), std::move(members));
-    return n;
+    if (n < 0) set->set.end_sleep(nullptr);  // begin_sleep unregistered what it registered
+    return finish(n);
   });
 }
 
 void gs_ready_set_wait_end(gs_ready_set_t *set) {
   if (set == nullptr) return;
   guarded([&] {
-    std::vector<SleepMember> members;
-    {
-      std::lock_guard lock(set->mu);
-      const auto mine = std::find_if(set->asleep.begin(), set->asleep.end(),
-                                     [](const auto &e) { return e.first == std::this_thread::get_id(); });
-      if (mine == set->asleep.end()) return 0;
-      members = std::move(mine->second);
-      set->asleep.erase(mine);
-    }
-    end_sleep(members, members.size());
-    set->set.end_sleep();
+    std::vector<std::shared_ptr<StreamSocket>> armed;
+    if (set->set.end_sleep(&armed)) end_sleep(armed);
     return 0;
   });
 }

@@ -222,7 +222,6 @@ bool ReadySet::begin_sleep(std::vector<SleepMember> *out, int *group_fd) {
     if (group_ && sleepers_.empty()) group_->disarm();
     return false;
   }
-  sleepers_.push_back(thread_waker_fd());
   ++pass_;
   const auto add_member = [&](int fd) {
     auto it = members_.find(fd);
@@ -235,22 +234,28 @@ bool ReadySet::begin_sleep(std::vector<SleepMember> *out, int *group_fd) {
   for (int fd : one_by_one_) add_member(fd);
   for (int fd : look_) add_member(fd);  // news at the last look
   *group_fd = group_ ? group_->fd() : -1;
+  Sleeper &me = sleepers_.emplace_back(Sleeper{thread_waker_fd(), {}});
+  for (const SleepMember &m : *out) me.armed.push_back(m.socket);
   add(stats_.sleeps, 1);
   add(stats_.sleep_arms, out->size());
   return true;
 }
 
-void ReadySet::end_sleep() {
+bool ReadySet::end_sleep(std::vector<std::shared_ptr<StreamSocket>> *armed) {
   std::lock_guard lock(mu_);
-  if (auto it = std::find(sleepers_.begin(), sleepers_.end(), thread_waker_fd()); it != sleepers_.end())
-    sleepers_.erase(it);
+  const int waker = thread_waker_fd();
+  const auto it = std::find_if(sleepers_.begin(), sleepers_.end(), [&](const Sleeper &s) { return s.waker == waker; });
+  if (it == sleepers_.end()) return false;
+  if (armed != nullptr) *armed = std::move(it->armed);
+  sleepers_.erase(it);
   // The last sleeper reads the group's wake-ups: one read by another thread
   // would leave this one asleep with the word taken.
   if (sleepers_.empty() && group_) group_->disarm();
+  return true;
 }
 
 void ReadySet::wake_sleepers_locked() {
-  for (int waker : sleepers_) wake_waker(waker);
+  for (const Sleeper &s : sleepers_) wake_waker(s.waker);
 }
 
 int ReadySet::poll(pollfd *out, int max, bool *all) {

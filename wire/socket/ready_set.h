@@ -67,12 +67,14 @@ class ReadySet {
   // member (a full pass).
   int poll(pollfd *out, int max, bool *all = nullptr);
 
-  // Begins a sleep: the members to arm one by one into *out, and the fd of
-  // the group that stands for the rest (-1: none). False, and none, when
-  // hints came for members since the last pass (look again instead). Call
-  // end_sleep() after a true, when the sleep is over or was not taken.
+  // Begins the calling thread's sleep: the members to arm one by one into
+  // *out, and the fd of the group that stands for the rest (-1: none).
+  // False, and none, when hints came for members since the last pass (look
+  // again instead). Call end_sleep() after a true, when the sleep is over or
+  // was not taken: it gives back the sockets of *out (to unregister them),
+  // and says whether the thread was asleep here.
   bool begin_sleep(std::vector<SleepMember> *out, int *group_fd);
-  void end_sleep();
+  bool end_sleep(std::vector<std::shared_ptr<StreamSocket>> *armed);
 
   // What the passes did (GPUSOCK_LOG=info prints the process's sums at exit).
   struct Stats {
@@ -120,7 +122,11 @@ class ReadySet {
   std::unique_ptr<wire::SleepGroup> group_;
   wire::Domain *group_domain_ = nullptr;
   uint64_t sharing_epoch_ = 0;
-  std::vector<int> sleepers_;  // the wakers of threads between begin_sleep and end_sleep
+  struct Sleeper {
+    int waker;  // the thread's (thread_waker_fd)
+    std::vector<std::shared_ptr<StreamSocket>> armed;
+  };
+  std::vector<Sleeper> sleepers_;  // threads between begin_sleep and end_sleep
   std::vector<uint64_t> mask_;                // the members' slots, bit s % 64 of word s / 64
   std::unordered_map<int32_t, int> slot_fd_;  // slot -> member fd
   std::vector<int> look_;                     // members the next pass looks at
