@@ -123,25 +123,57 @@ void ShmWatchdog::wake() {
   (void)!write(wakefd_, &one, sizeof(one));
 }
 
+bool ShmWatchdog::start_locked() {
+  if (started_) return true;
+  if (epfd_ < 0) epfd_ = epoll_create1(EPOLL_CLOEXEC);
+  if (wakefd_ < 0) {
+    wakefd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (wakefd_ >= 0 && epfd_ >= 0) {
+      epoll_event ev{};
+      ev.events = EPOLLIN;
+      ev.data.u64 = 0;  // the wake fd; pidfds have ids from 1
+      if (epoll_ctl(epfd_, EPOLL_CTL_ADD, wakefd_, &ev) != 0) return false;
+    }
+  }
+  if (ringer_ < 0) ringer_ = open_ringer();
+  if (epfd_ < 0 || wakefd_ < 0 || ringer_ < 0) return false;
+  try {
+    thread_ = std::thread([this] { run(); });
+    (void)pthread_setname_np(thread_.native_handle(), "gs-shm-watch");  // for top -H, perf, gdb
+  } catch (...) {
+    return false;
+  }
+  started_ = true;
+  return true;
+}
+
+bool ShmWatchdog::ring_after(const std::string &bell_path, uint32_t ms) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!start_locked()) return false;
+  const uint64_t at = coarse_ms() + ms;
+  const bool first = timers_.empty() || at < timers_.begin()->first;
+  timers_.emplace(at, bell_path);
+  if (first) wake();  // the thread may sleep longer than that
+  return true;
+}
+
+int ShmWatchdog::next_timer_ms_locked() const {
+  if (timers_.empty()) return -1;
+  const uint64_t now = coarse_ms(), at = timers_.begin()->first;
+  return at > now ? static_cast<int>(at - now) : 0;
+}
+
+void ShmWatchdog::ring_due_locked() {
+  const uint64_t now = coarse_ms();
+  while (!timers_.empty() && timers_.begin()->first <= now) {
+    (void)send_to_bell(ringer_, timers_.begin()->second, "t", 1);  // gone: nobody waits any more
+    timers_.erase(timers_.begin());
+  }
+}
+
 bool ShmWatchdog::add(const std::shared_ptr<PeerWatch> &watch) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!started_) {
-    epfd_ = epoll_create1(EPOLL_CLOEXEC);
-    wakefd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    ringer_ = open_ringer();
-    if (epfd_ < 0 || wakefd_ < 0 || ringer_ < 0) return false;
-    epoll_event ev{};
-    ev.events = EPOLLIN;
-    ev.data.u64 = 0;  // the wake fd; pidfds have ids from 1
-    if (epoll_ctl(epfd_, EPOLL_CTL_ADD, wakefd_, &ev) != 0) return false;
-    try {
-      thread_ = std::thread([this] { run(); });
-      (void)pthread_setname_np(thread_.native_handle(), "gs-shm-watch");  // for top -H, perf, gdb
-    } catch (...) {
-      return false;
-    }
-    started_ = true;
-  }
+  if (!start_locked()) return false;
   if (!watch->stuck_mode) watch->pidfd = pidfd_of(watch->pid);
   watches_.push_back(watch);
   if (watch->stuck_mode || !watch->pidfd) wake();  // switch the thread to ticking
@@ -232,6 +264,8 @@ void ShmWatchdog::run() {
         if (fast) tick_ms = kWatchdogTickMs;
         else if (watch->stuck_mode && tick_ms < 0) tick_ms = kStuckIdleTickMs;
       }
+      const int timer_ms = next_timer_ms_locked();
+      if (timer_ms >= 0 && (tick_ms < 0 || timer_ms < tick_ms)) tick_ms = timer_ms;
     }
     const int n = epoll_wait(epfd_, events, 16, tick_ms);
     std::lock_guard<std::mutex> lock(mu_);
@@ -247,6 +281,7 @@ void ShmWatchdog::run() {
         if (watch->pidfd && watch->pidfd->id == events[i].data.u64) fire(watch.get());
       }
     }
+    ring_due_locked();
     const uint64_t now = coarse_ms();
     for (const auto &watch : watches_) {
       settle_own_lock(watch.get());

@@ -37,6 +37,7 @@
 #include <sys/types.h>
 
 #include <atomic>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -136,9 +137,15 @@ class ShmWatchdog {
   // Release `region`'s lock when it stays held for kStuckLockMs.
   std::shared_ptr<PeerWatch> watch_stuck(const std::string &region);
   void unwatch(const std::shared_ptr<PeerWatch> &watch);
+  // One ring of the bell at `bell_path` after `ms` (a client waiting to be
+  // admitted, shm_bell.h). False if the watchdog cannot run.
+  bool ring_after(const std::string &bell_path, uint32_t ms);
 
  private:
   static void add_locks(PeerWatch *watch, const std::vector<std::string> &regions);
+  bool start_locked();  // the thread, its epoll set and wake fd (mu_ held)
+  int next_timer_ms_locked() const;  // until the first timer; -1: none
+  void ring_due_locked();
   // The shared pidfd of `pid` (mu_ held): the one a live watch holds, else a
   // new one in the epoll set; nullptr without pidfd_open.
   std::shared_ptr<PeerPidfd> pidfd_of(pid_t pid);
@@ -157,6 +164,7 @@ class ShmWatchdog {
   int ringer_ = -1;
   std::vector<std::shared_ptr<PeerWatch>> watches_;
   std::unordered_map<pid_t, std::weak_ptr<PeerPidfd>> pidfds_;
+  std::multimap<uint64_t, std::string> timers_;  // coarse_ms deadline -> bell path
   uint64_t next_pidfd_id_ = 1;
 };
 
