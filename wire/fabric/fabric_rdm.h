@@ -27,6 +27,10 @@ using shm::kNameMax;
 
 constexpr int kConnCtrlBufs = 4;
 constexpr int kListenerCtrlBufs = 32;
+// Clients a listener admits at once (shm_bell.h, "Admission"): shm 1.17's
+// table of 256 peers per endpoint, less room for clients that went away
+// between their name exchange and their REQ (their entries stay).
+constexpr uint32_t kListenerAdmissions = 192;
 constexpr uint64_t kLivenessIntervalMs = 10;
 
 // kProbe is ignored by every receiver (fabric_rdm_parking.cc sends it).
@@ -213,6 +217,8 @@ struct RdmListenerCore {
   void send_ack_locked(fi_addr_t addr, const shm::PeerBell *bell, uint64_t nonce);
   void drop_pending_ack_locked(uint64_t nonce);
   void flush_pending_locked();
+  // A client out of our AV (and shm's table of peers): its admission is free.
+  void forget_client_locked(PeerRef *client);
   // Read REQs off the CQ; each valid one goes to `on_request`.
   template <class F>
   void drain_locked(F &&on_request);

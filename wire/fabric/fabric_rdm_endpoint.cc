@@ -91,10 +91,12 @@ RdmEndpoint::~RdmEndpoint() {
   }
 }
 
-void RdmEndpoint::fail_connect(int status) {
+void RdmEndpoint::fail_connect(int status, const char *reason) {
   queue_event(CmEventKind::kRejected, status);
+  events_.back().reason = reason;
   state_ = State::kClosed;
   ctrl_pending_ = false;
+  awaiting_admission_ = false;  // nothing sent: no admission held
   unwatch();
   // Kept while the listener may not have read our name exchange: the
   // endpoint is parked for it when it goes.
@@ -124,8 +126,9 @@ gs_status_t RdmEndpoint::connect(const sockaddr *addr, socklen_t len, const void
   state_ = State::kConnecting;
   shm::Rendezvous rv{};
   bool found = false;
+  uid_t owner = 0;
   for (const std::string &name : rendezvous_candidates(dst)) {
-    if (shm::read_rendezvous(name, &rv) && !(ipv4_client(dst) && (rv.flags & shm::kRendezvousV6Only))) {
+    if (shm::read_rendezvous(name, &rv, &owner) && !(ipv4_client(dst) && (rv.flags & shm::kRendezvousV6Only))) {
       listener_rendezvous_ = name;
       found = true;
       break;
@@ -133,6 +136,14 @@ gs_status_t RdmEndpoint::connect(const sockaddr *addr, socklen_t len, const void
   }
   if (!found) {
     fail_connect(-ECONNREFUSED);  // reported by poll_cm, like tcp's refusal
+    return 0;
+  }
+  // shm makes our region readable by our user only: a listener of another
+  // user (root aside) could not map it, and shm 1.17 crashes on that.
+  if (owner != geteuid() && owner != 0) {
+    set_error_detail("fabric:shm: the listener at " + listener_rendezvous_ + " runs as user " + std::to_string(owner) +
+                     ", which cannot map this process's (user " + std::to_string(geteuid()) + ") memory");
+    fail_connect(-ECONNREFUSED, "fabric:shm: the listener runs as another user, which cannot map this process's memory");
     return 0;
   }
   if (insert_peer(shared_, rv.name, rv.pid, domain_->ringer(), &listener_) < 0) {
@@ -147,8 +158,25 @@ gs_status_t RdmEndpoint::connect(const sockaddr *addr, socklen_t len, const void
   msg.dst = dst;
   msg.private_len = private_len;
   if (private_len != 0) std::memcpy(msg.private_data, private_data, private_len);
+  if (!listener_.bell.take_admission()) {
+    pending_msg_ = msg;
+    awaiting_admission_ = true;
+    return 0;
+  }
   send_ctrl(listener_, msg);
   return 0;
+}
+
+void RdmEndpoint::try_admission() {
+  if (state_ != State::kConnecting) {
+    awaiting_admission_ = false;
+    return;
+  }
+  if (!listener_.bell.take_admission()) return;
+  awaiting_admission_ = false;
+  retry_pause_ms_ = 0;
+  const CtrlMsg msg = pending_msg_;
+  send_ctrl(listener_, msg);
 }
 
 void RdmEndpoint::send_ctrl(const PeerRef &dest, const CtrlMsg &msg) {
@@ -279,6 +307,8 @@ int RdmEndpoint::poll(Completion *out, int max) {
   if (liveness_now_ || verdict_waiting()) [[unlikely]]
     check_liveness();
   before_pass();
+  if (awaiting_admission_) [[unlikely]]
+    try_admission();
   if (ctrl_pending_) [[unlikely]]
     flush_ctrl();
   int produced = 0;
@@ -304,6 +334,7 @@ int RdmEndpoint::poll_cm(CmEvent *out) {
     if (events_.empty()) check_liveness();
   } else if (events_.empty() && state_ != State::kClosed && state_ != State::kIdle) {
     before_pass();
+    if (awaiting_admission_) try_admission();
     if (ctrl_pending_) flush_ctrl();
     Completion buffer[kCqBatch];
     int produced = 0;

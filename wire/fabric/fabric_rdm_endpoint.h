@@ -114,7 +114,9 @@ class RdmEndpoint final : public FabricEndpointBase {
   ProviderCall provider_call() const { return ProviderCall(peer_died_, watch_.get()); }
   void check_liveness();
   void peer_gone(bool dead_process);
-  void fail_connect(int status);
+  void fail_connect(int status, const char *reason = nullptr);  // reason: static text
+  void try_admission();
+  gs_status_t schedule_retry_ring();
 
   RdmDomain *domain_;
   std::shared_ptr<RdmShared> shared_;
@@ -143,6 +145,12 @@ class RdmEndpoint final : public FabricEndpointBase {
   std::shared_ptr<RdmListenerCore> origin_;
   uint64_t nonce_ = 0;
   bool req_acked_ = false;  // the listener handed our REQ to its application
+  // Our REQ waits in pending_msg_ for an admission to the listener
+  // (shm_bell.h, "Admission").
+  bool awaiting_admission_ = false;
+  // Sleeps that only the watchdog ends (schedule_retry_ring).
+  uint32_t retry_pause_ms_ = 0;
+  uint64_t retry_ring_at_ = 0;
   uint8_t peer_record_[64] = {};
   uint32_t peer_record_len_ = 0;
   sockaddr_storage local_{};

@@ -6,6 +6,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
+
 namespace gpusock::wire::fabric::rdm {
 
 void RdmEndpoint::watch_peer(pid_t pid, const std::string &peer_region) {
@@ -96,16 +98,25 @@ gs_status_t RdmEndpoint::arm(bool drain_bell) {
   // rings, so we do not sleep on it.
   const PeerRef &waker = state_ == State::kConnecting ? listener_ : peer_;
   if (waker.valid() && !waker.bell.valid() && state_ != State::kClosed) return -EAGAIN;
+  if (awaiting_admission_) {
+    if (listener_.bell.admission_open() || schedule_retry_ring() < 0) return -EAGAIN;
+  }
   bell.arm();  // then look again: see shm_bell.h
-  bool again = signalled() || bell.requests_pending() || bell.has_requesters() || verdict_may_wait();
+  bool again = signalled() || bell.requests_pending() || bell.has_requesters() || verdict_may_wait() ||
+               (awaiting_admission_ && listener_.bell.admission_open());
   if (!again && send_blocked_ && still_blocked()) {
     const PeerRef &dest = ctrl_pending_ ? *pending_dest_ : peer_;
-    const int rc = dest.bell.request_ringback(shared_->name);
+    int rc = dest.bell.request_ringback(shared_->name);
     if (rc == 0) {
       send_blocked_ = false;
+      retry_pause_ms_ = 0;
     } else if (rc == -ECONNREFUSED) {
       peer_unreachable_ = liveness_now_ = true;
       send_blocked_ = false;
+    } else if (rc == -EAGAIN) {
+      // The peer's bell holds all the requests it can: it is awake and busy,
+      // but will not know to ring us. Try again after a pause.
+      rc = schedule_retry_ring();
     }
     again = rc != 0;
   }
@@ -117,7 +128,21 @@ bool RdmEndpoint::maybe_ready() const {
   const shm::Bell &bell = shared_->bell;
   if (!bell.valid()) return true;
   return signalled() || work_waiting() || still_blocked() || bell.requests_pending() || bell.has_requesters() ||
-         verdict_may_wait();
+         verdict_may_wait() || (awaiting_admission_ && listener_.bell.admission_open());
+}
+
+// What we wait for comes with no ring (an admission freed up, room in a
+// peer's bell for our ring-back request): the watchdog rings us after a pause
+// that doubles up to kMaxRetryPauseMs, one ring per pause however often we
+// arm in between. -EAGAIN: no watchdog, look again now.
+gs_status_t RdmEndpoint::schedule_retry_ring() {
+  constexpr uint32_t kMaxRetryPauseMs = 16;
+  const uint64_t now = coarse_ms();
+  if (now < retry_ring_at_) return 0;
+  retry_pause_ms_ = std::min(retry_pause_ms_ == 0 ? 1 : retry_pause_ms_ * 2, kMaxRetryPauseMs);
+  if (!domain_->watchdog().ring_after(shm::bell_path(shared_->name), retry_pause_ms_)) return -EAGAIN;
+  retry_ring_at_ = now + retry_pause_ms_;
+  return 0;
 }
 
 bool RdmEndpoint::quiet_until_hinted() const {

@@ -76,7 +76,7 @@ gs_status_t RdmListener::arm(bool drain_bell) {
     if (rc == 0) {
       core_->send_blocked = false;
     } else if (rc == -ECONNREFUSED) {
-      remove_peer(core_->shared->av, &core_->pending.front().owned);  // that client is gone
+      core_->forget_client_locked(&core_->pending.front().owned);  // that client is gone
       core_->pending.pop_front();
       core_->pending_count.store(core_->pending.size(), std::memory_order_relaxed);
     }
@@ -101,7 +101,7 @@ void RdmListenerCore::send_locked(PendingCtrl &&entry) {
     ssize_t ret = fi_inject(shared->ep, &entry.msg, sizeof(entry.msg), entry.addr);
     entry.bell().wake_if_armed();  // sent, or shm's name exchange queued on the way
     if (ret != -FI_EAGAIN) {
-      remove_peer(shared->av, &entry.owned);
+      forget_client_locked(&entry.owned);
       return;
     }
     send_blocked = true;
@@ -138,6 +138,12 @@ void RdmListenerCore::drop_pending_ack_locked(uint64_t nonce) {
   pending_count.store(pending.size(), std::memory_order_relaxed);
 }
 
+void RdmListenerCore::forget_client_locked(PeerRef *client) {
+  if (!client->valid()) return;
+  remove_peer(shared->av, client);
+  shared->bell.release_admission();
+}
+
 void RdmListenerCore::flush_pending_locked() {
   while (!pending.empty()) {
     PendingCtrl &entry = pending.front();
@@ -147,7 +153,7 @@ void RdmListenerCore::flush_pending_locked() {
       send_blocked = true;
       break;
     }
-    remove_peer(shared->av, &entry.owned);
+    forget_client_locked(&entry.owned);
     pending.pop_front();
   }
   pending_count.store(pending.size(), std::memory_order_relaxed);
@@ -257,7 +263,7 @@ RdmConnectionRequest::~RdmConnectionRequest() {
     answered_ = true;
     core_->send_reject_locked(std::move(client_), msg_.name, msg_.nonce);
   }
-  remove_peer(core_->shared->av, &client_);
+  core_->forget_client_locked(&client_);
 }
 
 void RdmConnectionRequest::reject() {
@@ -317,6 +323,7 @@ gs_status_t RdmDomain::listen(const sockaddr *addr, socklen_t len, int /*backlog
   gs_status_t ret = open_shared(&core->shared);
   if (ret < 0) return ret;
   core->stuck_watch = watchdog_.watch_stuck(core->shared->name);
+  if (core->shared->bell.valid()) core->shared->bell.open_admissions(kListenerAdmissions);
   core->bufs.resize(kListenerCtrlBufs);
   for (size_t i = 0; i < core->bufs.size(); ++i) {
     ret = core->post_buf(i);

@@ -44,6 +44,17 @@
 // datagram also wakes a sleeping peer; a busy one sees `requests` move.
 // A request that cannot be delivered (ECONNREFUSED, ENOENT) means the peer
 // endpoint is gone.
+//
+// Admission. shm 1.17 keeps one table of peers per endpoint (256 entries) and
+// fills it from a client's first send (its name exchange), before the
+// listener knows of that client; one entry too many overwrites another peer
+// and the listener crashes in fi_cq_read. So a client takes one of the
+// listener's admissions (a counter in the listener's bell page) before it
+// sends anything there, and the listener gives it back when it has removed
+// that client from its table (the request answered or refused). A client
+// without one waits, its bell rung by the watchdog after a growing pause
+// (shm_watchdog.h), and is admitted as the listener's queue drains: a storm
+// of connects queues where the kernel's SYN backlog would.
 #pragma once
 
 #include "wire/fabric/creator.h"
@@ -68,6 +79,11 @@ struct BellPage {
   uint32_t hint_slot;                          // slot + 1 on the board named next; 0: none
   char hint_board[64];
   uint32_t marks_hints;  // kMarksHintsVersion: this endpoint marks its peers' hint bits
+  // Listeners only (see "Admission"): clients admitted so far, and admissions
+  // given back; at most admission_cap admitted and not given back. 0: none kept.
+  alignas(64) std::atomic<uint32_t> admitted;
+  std::atomic<uint32_t> released;
+  uint32_t admission_cap;
 };
 static_assert(sizeof(BellPage) <= kBellPageSize, "one page");
 
@@ -138,6 +154,12 @@ class Bell {
   // usual wake: drain, -EAGAIN, a progress pass, arm) then makes no second,
   // empty read.
   bool drain_unless_drained() { return !drained_ && drain(); }
+  // Listeners: keep at most `cap` clients admitted (see "Admission").
+  void open_admissions(uint32_t cap) { page_->admission_cap = cap; }
+  // A client admitted here is out of our table again.
+  void release_admission() {
+    if (page_ != nullptr && page_->admission_cap != 0) page_->released.fetch_add(1, std::memory_order_acq_rel);
+  }
   // Take the requests counted so far (call before a progress pass).
   void collect_requests();
   // Ring everyone whose request was collected (call after the pass).
@@ -194,6 +216,14 @@ class PeerBell {
   // The peer marks our hint bit whenever it may have news for us (an older
   // gpusock does not: then only looking tells).
   bool marks_hints() const { return page_ != nullptr && page_->marks_hints >= kMarksHintsVersion; }
+  // Admission to the peer, a listener (see "Admission"): true when taken (or
+  // when that listener keeps none); false: wait until admission_open().
+  bool take_admission() const;
+  bool admission_open() const;
+  // An admission taken and not used: nothing was sent to the listener.
+  void give_back_admission() const {
+    if (page_ != nullptr && page_->admission_cap != 0) page_->released.fetch_add(1, std::memory_order_acq_rel);
+  }
   // The peer (a listener) takes no more requests.
   bool closed() const { return page_ != nullptr && page_->closed.load(std::memory_order_relaxed) != 0; }
   // One byte to the peer's bell.

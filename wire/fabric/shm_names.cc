@@ -266,12 +266,17 @@ std::string rendezvous_name(const std::string &ip, uint16_t port) {
   return kRendezvousPrefix + ip + "-" + std::to_string(port);
 }
 
-bool read_rendezvous(const std::string &name, Rendezvous *out) {
+bool read_rendezvous(const std::string &name, Rendezvous *out, uid_t *owner) {
   int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
   if (fd < 0) return false;
   // Locked (a listener holds it), valid, and the listener's process alive (a
   // lock can outlive its listener in a descendant that inherited the fd).
-  const bool ok = locked_by_someone(fd) && read_content(fd, out) && content_owner_alive(*out);
+  bool ok = locked_by_someone(fd) && read_content(fd, out) && content_owner_alive(*out);
+  struct stat st{};
+  if (ok && owner != nullptr) {
+    ok = fstat(fd, &st) == 0;
+    *owner = st.st_uid;
+  }
   close(fd);
   return ok;
 }

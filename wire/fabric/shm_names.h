@@ -99,8 +99,9 @@ struct Rendezvous {
 
 std::string rendezvous_name(const std::string &ip, uint16_t port);
 
-// The live listener named by rendezvous `name`: locked, valid, owner alive.
-bool read_rendezvous(const std::string &name, Rendezvous *out);
+// The live listener named by rendezvous `name`: locked, valid, owner alive;
+// *owner (if given): the user that owns the file, the listener's.
+bool read_rendezvous(const std::string &name, Rendezvous *out, uid_t *owner = nullptr);
 
 // listen(): claim rendezvous `name`. 0 with *fd (locked, empty, close-on-exec);
 // -EADDRINUSE when a live listener owns it (or one is being created), with

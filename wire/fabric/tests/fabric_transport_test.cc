@@ -693,6 +693,70 @@ TEST_P(FabricTest, HundredConnections) {
   domain_->deregister_memory(&ttx);
 }
 
+// More clients than libfabric 1.17's shm keeps peers per endpoint (256)
+// connect while the listener holds every request it gets unanswered: the
+// listener's table never overflows (clients beyond its admissions wait, on
+// shm), and once it answers, every client is established.
+TEST_P(FabricTest, ListenerHoldingRequestsAdmitsTheRestAsItAnswers) {
+  constexpr int kConns = 300;
+  std::vector<std::unique_ptr<Endpoint>> clients(kConns), servers;
+  sockaddr_in addr = loopback(port_);
+  for (int i = 0; i < kConns; ++i) {
+    ASSERT_EQ(domain_->create_endpoint(nullptr, &clients[i]), 0) << i;
+    ASSERT_EQ(clients[i]->connect(reinterpret_cast<sockaddr *>(&addr), sizeof(addr), record(1).data(), 40), 0) << i;
+  }
+  std::vector<bool> client_up(kConns, false);
+  int up = 0;
+  const auto poll_clients = [&] {
+    for (int i = 0; i < kConns; ++i) {
+      CmEvent ev;
+      if (!client_up[i] && clients[i]->poll_cm(&ev) == 1) {
+        EXPECT_EQ(ev.kind, CmEventKind::kEstablished) << i << " " << ev.status;
+        client_up[i] = true;
+        ++up;
+      }
+    }
+  };
+  // Hold: take requests and answer none, until none came for a while.
+  std::vector<std::unique_ptr<ConnectionRequest>> held;
+  for (auto quiet_since = std::chrono::steady_clock::now();
+       std::chrono::steady_clock::now() - quiet_since < std::chrono::milliseconds(500);) {
+    poll_clients();
+    std::unique_ptr<ConnectionRequest> request;
+    while (listener_->get_request(&request) == 1) {
+      held.push_back(std::move(request));
+      quiet_since = std::chrono::steady_clock::now();
+    }
+  }
+  EXPECT_GT(held.size(), 0u);
+  if (is_shm()) {
+    EXPECT_LT(held.size(), 256u) << "more requests held than shm keeps peers";
+  }
+  const auto answer = [&](std::unique_ptr<ConnectionRequest> request) {
+    std::unique_ptr<Endpoint> server;
+    EXPECT_EQ(domain_->create_endpoint(request.get(), &server), 0);
+    EXPECT_EQ(domain_->accept(server.get(), request.get(), request->private_data(), 40), 0);
+    servers.push_back(std::move(server));
+  };
+  for (auto &request : held) answer(std::move(request));
+  ASSERT_TRUE(wait_until(
+      [&] {
+        std::unique_ptr<ConnectionRequest> request;
+        while (listener_->get_request(&request) == 1) answer(std::move(request));
+        for (auto &server : servers) {
+          CmEvent ev;
+          (void)server->poll_cm(&ev);
+        }
+        poll_clients();
+        return up == kConns;
+      },
+      60000))
+      << up << " of " << kConns << " clients established, " << servers.size() << " requests answered";
+  EXPECT_EQ(servers.size(), static_cast<size_t>(kConns));
+  clients.clear();
+  servers.clear();
+}
+
 TEST_P(FabricTest, ThreadsPerConnection) {
   // Two connections, each side driven by its own thread, at once.
   constexpr int kPairs = 2, kRounds = 500;
