@@ -36,9 +36,9 @@ inline void peer_signals() {
   std::exit(code);
 }
 
-inline int listen_or_die(const sockaddr_in &at, int type_flags) {
+inline int listen_or_die(const sockaddr_in &at, int type_flags, int backlog = 256) {
   const char *call = "";
-  const int fd = listen_on(at, 256, type_flags, &call);
+  const int fd = listen_on(at, backlog, type_flags, &call);
   if (fd < 0) die(2, call, fd);
   return fd;
 }
@@ -49,9 +49,17 @@ enum class EchoOnClose {
   kAtOnce,      // SHUT_WR and close now; the rest is dropped
 };
 
-// Echoes every client until SIGTERM.
-inline int echo_server(const sockaddr_in &at, EchoOnClose on_close) {
-  const int lfd = listen_or_die(at, SOCK_NONBLOCK);
+// Echoes every client until SIGTERM. Gated: listens with a backlog of 1024,
+// says "listening" on stdout and accepts nothing until a byte (or EOF) on
+// stdin, so that clients pile up first.
+inline int echo_server(const sockaddr_in &at, EchoOnClose on_close, bool gated = false) {
+  const int lfd = listen_or_die(at, SOCK_NONBLOCK, gated ? 1024 : 256);
+  if (gated) {
+    std::printf("listening\n");
+    std::fflush(stdout);
+    char go;
+    while (read(STDIN_FILENO, &go, 1) < 0 && errno == EINTR) {}
+  }
   std::map<int, std::string> pending;  // fd -> bytes not yet echoed
   std::vector<char> buf(1 << 16);
   while (!g_peer_stop) {

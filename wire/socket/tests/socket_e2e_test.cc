@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -186,6 +187,60 @@ TEST_F(SocketE2E, HundredConcurrentConnections) {
     std::string msg = "conn-" + std::to_string(i) + std::string(static_cast<size_t>(i) * 37, 'x');
     std::string back(msg.size(), '\0');
     ASSERT_TRUE(recv_all(fds[static_cast<size_t>(i)], reinterpret_cast<uint8_t *>(back.data()), back.size()));
+    EXPECT_EQ(back, msg);
+  }
+  for (int fd : fds) EXPECT_EQ(gs_close(fd), 0);
+}
+
+// Hundreds of clients connect at once to a server that accepts none of them
+// yet (a backlog of 1024), then all are served: more than one listener
+// endpoint can hold peers on fabric:shm (libfabric 1.17's shm: 256), so
+// clients wait to be admitted; none is refused or lost.
+TEST(SocketStorm, FourHundredConnectsBeforeTheFirstAccept) {
+  constexpr int kConns = 400;
+  rlimit lim{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &lim), 0);
+  lim.rlim_cur = lim.rlim_max;
+  setrlimit(RLIMIT_NOFILE, &lim);  // fabric:tcp takes several descriptors a connection
+  const int port = free_port();
+  PeerProcess server(GS_TEST_PEER, {"gated-echo", std::to_string(port)}, {.in = true, .out = true});
+  std::string line;
+  ASSERT_TRUE(server.read_line(&line, 10) && line == "listening");
+  const sockaddr_in a = test_address(port);
+  std::vector<int> fds;
+  for (int i = 0; i < kConns; ++i) {
+    const int fd = gs_socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    ASSERT_GE(fd, 0) << gs_last_error();
+    const int rc = gs_connect(fd, reinterpret_cast<const sockaddr *>(&a), sizeof a);
+    ASSERT_TRUE(rc == 0 || rc == -EINPROGRESS) << "connection " << i << ": " << gs_status_name(rc);
+    fds.push_back(fd);
+  }
+  ASSERT_EQ(write(server.stdin_fd(), "g", 1), 1);  // now accept them
+  std::vector<pollfd> waiting;
+  for (int fd : fds) waiting.push_back({fd, POLLOUT, 0});
+  for (const auto end = Clock::now() + std::chrono::seconds(120); !waiting.empty();) {
+    ASSERT_LT(Clock::now(), end) << waiting.size() << " connections still connecting";
+    ASSERT_GE(gs_poll(waiting.data(), waiting.size(), 1000), 0);
+    std::vector<pollfd> still;
+    for (const pollfd &p : waiting) {
+      if (p.revents == 0) {
+        still.push_back({p.fd, POLLOUT, 0});
+        continue;
+      }
+      int err = -1;
+      socklen_t len = sizeof err;
+      ASSERT_EQ(gs_getsockopt(p.fd, SOL_SOCKET, SO_ERROR, &err, &len), 0);
+      ASSERT_EQ(err, 0) << "a connection failed: " << std::strerror(err);
+    }
+    waiting.swap(still);
+  }
+  for (int i = 0; i < kConns; ++i) {
+    const int fd = fds[static_cast<size_t>(i)];
+    ASSERT_EQ(gs_fcntl(fd, F_SETFL, 0), 0);
+    const std::string msg = "storm-" + std::to_string(i);
+    ASSERT_TRUE(send_all(fd, reinterpret_cast<const uint8_t *>(msg.data()), msg.size()));
+    std::string back(msg.size(), '\0');
+    ASSERT_TRUE(recv_all(fd, reinterpret_cast<uint8_t *>(back.data()), back.size()));
     EXPECT_EQ(back, msg);
   }
   for (int fd : fds) EXPECT_EQ(gs_close(fd), 0);
@@ -457,6 +512,41 @@ TEST(SocketErrors, ConnectToClosedPortIsRefused) {
     EXPECT_EQ(rc, -ECONNREFUSED);
   }
   gs_close(fd);
+}
+
+// fabric:shm: a listener of another user cannot map a client's memory (shm
+// makes it readable by its owner only). A root client is refused at once with
+// the reason, and the listener, which would have crashed in libfabric on
+// that client, serves on and exits cleanly.
+TEST(SocketErrors, ShmListenerOfAnotherUserRefusesAndSurvives) {
+  const char *transport = getenv("GPUSOCK_TRANSPORT");
+  if (geteuid() != 0 || transport == nullptr || std::string(transport) != "fabric:shm")
+    GTEST_SKIP() << "needs root and fabric:shm";
+  const int port = free_port();
+  const pid_t server = fork();
+  ASSERT_GE(server, 0);
+  if (server == 0) {
+    if (setgid(65534) != 0 || setuid(65534) != 0) _exit(90);
+    execl(GS_TEST_PEER, GS_TEST_PEER, "echo", std::to_string(port).c_str(), static_cast<char *>(nullptr));
+    _exit(91);
+  }
+  const sockaddr_in a = test_address(port);
+  int rc = -ECONNREFUSED;
+  for (int tries = 0; tries < 500 && rc == -ECONNREFUSED; ++tries) {
+    const int fd = gs_socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_GE(fd, 0);
+    rc = gs_connect(fd, reinterpret_cast<const sockaddr *>(&a), sizeof a);
+    const std::string why = gs_last_error();
+    gs_close(fd);
+    if (why.find("another user") != std::string::npos) break;  // the listener is up, and refused us
+    usleep(10000);
+  }
+  EXPECT_EQ(rc, -ECONNREFUSED);
+  EXPECT_NE(std::string(gs_last_error()).find("runs as another user"), std::string::npos) << gs_last_error();
+  kill(server, SIGTERM);
+  int status = 0;
+  ASSERT_EQ(waitpid(server, &status, 0), server);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "server status " << status;
 }
 
 TEST(SocketErrors, CallsOnWrongObjects) {
