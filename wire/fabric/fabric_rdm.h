@@ -8,6 +8,7 @@
 #include "wire/fabric/creator.h"
 #include "wire/fabric/fabric_common.h"
 #include "wire/fabric/shm_bell.h"
+#include "wire/fabric/shm_name_exchange.h"
 #include "wire/fabric/shm_names.h"
 #include "wire/fabric/shm_sleep_group.h"
 #include "wire/fabric/shm_watchdog.h"
@@ -205,6 +206,7 @@ struct RdmListenerCore {
   bool closed = false;  // the Listener object is gone; requests may live on
   sockaddr_storage bound{};
   std::shared_ptr<shm::PeerWatch> stuck_watch;  // releases a lock a dead client left held
+  shm::NameExchangeGuard name_exchanges;        // before every progress pass (shm_name_exchange.h)
   Creator creator;                              // only it removes the rendezvous and closes the listener
 
   ~RdmListenerCore();

@@ -163,6 +163,7 @@ template <class F>
 void RdmListenerCore::drain_locked(F &&on_request) {
   fi_cq_data_entry entries[kCqBatch];
   for (;;) {
+    name_exchanges.drop_unopenable();
     ssize_t got = fi_cq_read(shared->cq, entries, kCqBatch);
     if (got == -FI_EAVAIL) {
       fi_cq_err_entry err{};
@@ -198,7 +199,10 @@ void RdmListenerCore::refuse_unhandled_locked() {
 
 void RdmListenerCore::flush_for_a_moment_locked(bool read_cq) {
   for (int spin = 0; spin < 200 && !pending.empty(); ++spin) {
-    if (read_cq) (void)fi_cq_read(shared->cq, nullptr, 0);
+    if (read_cq) {
+      name_exchanges.drop_unopenable();
+      (void)fi_cq_read(shared->cq, nullptr, 0);
+    }
     flush_pending_locked();
     if (!pending.empty()) usleep(50);
   }
@@ -324,6 +328,7 @@ gs_status_t RdmDomain::listen(const sockaddr *addr, socklen_t len, int /*backlog
   if (ret < 0) return ret;
   core->stuck_watch = watchdog_.watch_stuck(core->shared->name);
   if (core->shared->bell.valid()) core->shared->bell.open_admissions(kListenerAdmissions);
+  core->name_exchanges.open(core->shared->name);  // without it, shm's own behaviour
   core->bufs.resize(kListenerCtrlBufs);
   for (size_t i = 0; i < core->bufs.size(); ++i) {
     ret = core->post_buf(i);

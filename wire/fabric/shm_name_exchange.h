@@ -1,0 +1,46 @@
+// Name exchanges a listener cannot take (fabric:shm, libfabric 1.17).
+//
+// A client's first send to an endpoint puts shm's name exchange in that
+// endpoint's command queue: the client's region name, in one of the
+// endpoint's inject buffers. shm maps that region when it progresses the
+// queue, and when it cannot (the client was killed and its files swept, the
+// region belongs to a user we may not open, we have no descriptor left) it
+// dereferences a null region: the listener's whole process dies in
+// fi_cq_read. A listener therefore looks at its queue before each progress
+// pass, under the region's lock as shm does, and turns every name exchange
+// whose region it cannot open into a no-op (an operation shm discards
+// without a look), returning its inject buffer to the pool. The client then
+// waits without an answer, as a kernel TCP client whose SYN a full server
+// dropped; it was gone or refused already in the first two cases.
+//
+// Needs shm's region layout (shm_region.h): a region whose head does not
+// check out is left alone.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+namespace gpusock::wire::fabric::shm {
+
+class NameExchangeGuard {
+ public:
+  NameExchangeGuard() = default;
+  NameExchangeGuard(const NameExchangeGuard &) = delete;
+  NameExchangeGuard &operator=(const NameExchangeGuard &) = delete;
+  ~NameExchangeGuard();
+
+  // Our own endpoint's region `name`. False: no guard (another layout).
+  bool open(const std::string &name);
+  // Before a progress pass of that endpoint (its owner only): how many name
+  // exchanges were turned into no-ops.
+  int drop_unopenable();
+
+ private:
+  void *base_ = nullptr;
+  size_t size_ = 0;
+  int *lock_ = nullptr;
+  size_t cmd_queue_offset_ = 0;
+  size_t inject_pool_offset_ = 0;
+};
+
+}  // namespace gpusock::wire::fabric::shm
