@@ -58,17 +58,14 @@ NameExchangeGuard::~NameExchangeGuard() {
 }
 
 bool NameExchangeGuard::open(const std::string &name) {
-  const int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
-  if (fd < 0) return false;
   ShmRegionHead head{};
-  size_t file_size = 0;
-  void *base = MAP_FAILED;
-  if (read_region_head(fd, name, &head, &file_size) && head.cmd_queue_offset + sizeof(ShmCirqueHead) <= head.total_size &&
-      head.inject_pool_offset + sizeof(Freestack) <= head.total_size) {
-    base = mmap(nullptr, head.total_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  void *base = map_region(name, &head);
+  if (base == nullptr) return false;
+  if (head.cmd_queue_offset + sizeof(ShmCirqueHead) > head.total_size ||
+      head.inject_pool_offset + sizeof(Freestack) > head.total_size) {
+    munmap(base, head.total_size);
+    return false;
   }
-  close(fd);
-  if (base == MAP_FAILED) return false;
   base_ = base;
   size_ = head.total_size;
   lock_ = &static_cast<ShmRegionHead *>(base)->lock;

@@ -32,17 +32,22 @@ RegionLock::~RegionLock() {
   if (base_ != nullptr) munmap(base_, size_);
 }
 
-bool RegionLock::open(const std::string &name) {
+void *map_region(const std::string &name, ShmRegionHead *head) {
   int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
-  if (fd < 0) return false;
-  ShmRegionHead head{};
+  if (fd < 0) return nullptr;
   size_t file_size = 0;
   void *base = MAP_FAILED;
-  if (read_region_head(fd, name, &head, &file_size)) {
-    base = mmap(nullptr, head.total_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (read_region_head(fd, name, head, &file_size)) {
+    base = mmap(nullptr, head->total_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   }
   close(fd);
-  if (base == MAP_FAILED) return false;
+  return base == MAP_FAILED ? nullptr : base;
+}
+
+bool RegionLock::open(const std::string &name) {
+  ShmRegionHead head{};
+  void *base = map_region(name, &head);
+  if (base == nullptr) return false;
   base_ = base;
   size_ = head.total_size;
   lock_ = &static_cast<ShmRegionHead *>(base)->lock;

@@ -55,6 +55,9 @@ struct ShmCirqueHead {
 // fits the file, and the name stored inside. *file_size: the file's size
 // (shm's total_size, plus gpusock's bell page once appended).
 bool read_region_head(int fd, const std::string &name, ShmRegionHead *head, size_t *file_size);
+// Region `name` mapped whole (its total_size) when its head checks out, else
+// nullptr; *head: that head. Unmapped by the caller.
+void *map_region(const std::string &name, ShmRegionHead *head);
 
 // Our own mapping of a region, for its lock word (see shm_watchdog.h).
 class RegionLock {
