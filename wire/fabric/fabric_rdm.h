@@ -221,6 +221,8 @@ struct RdmListenerCore {
   void flush_pending_locked();
   // A client out of our AV (and shm's table of peers): its admission is free.
   void forget_client_locked(PeerRef *client);
+  void forget_parked_client_locked(const CtrlMsg &probe);
+  void drop_unopenable_name_exchanges_locked();  // before every read of the CQ
   // Read REQs off the CQ; each valid one goes to `on_request`.
   template <class F>
   void drain_locked(F &&on_request);

@@ -144,6 +144,19 @@ void RdmListenerCore::forget_client_locked(PeerRef *client) {
   shared->bell.release_admission();
 }
 
+// A probe comes from a client endpoint parked for us (fabric_rdm_parking.cc):
+// it gave up after its name exchange and before its REQ went, so nothing else
+// would take it out of our AV (shm's table of peers) or give its admission back.
+void RdmListenerCore::forget_parked_client_locked(const CtrlMsg &probe) {
+  PeerRef client;
+  if (insert_peer(shared, probe.name, probe.pid, domain->ringer(), &client) == 0) forget_client_locked(&client);
+}
+
+// Each client dropped there will never be in our AV: its admission is free.
+void RdmListenerCore::drop_unopenable_name_exchanges_locked() {
+  for (int dropped = name_exchanges.drop_unopenable(); dropped > 0; --dropped) shared->bell.release_admission();
+}
+
 void RdmListenerCore::flush_pending_locked() {
   while (!pending.empty()) {
     PendingCtrl &entry = pending.front();
@@ -163,7 +176,7 @@ template <class F>
 void RdmListenerCore::drain_locked(F &&on_request) {
   fi_cq_data_entry entries[kCqBatch];
   for (;;) {
-    name_exchanges.drop_unopenable();
+    drop_unopenable_name_exchanges_locked();
     ssize_t got = fi_cq_read(shared->cq, entries, kCqBatch);
     if (got == -FI_EAVAIL) {
       fi_cq_err_entry err{};
@@ -182,8 +195,9 @@ void RdmListenerCore::drain_locked(F &&on_request) {
       if ((entries[i].flags & FI_RECV) == 0) continue;
       const CtrlMsg msg = *buf;
       post_buf(buf - bufs.data());
-      if (!valid_ctrl(msg, entries[i].len) || msg.type != kReq) continue;
-      on_request(msg);
+      if (!valid_ctrl(msg, entries[i].len)) continue;
+      if (msg.type == kProbe) forget_parked_client_locked(msg);
+      if (msg.type == kReq) on_request(msg);
     }
   }
 }
@@ -200,7 +214,7 @@ void RdmListenerCore::refuse_unhandled_locked() {
 void RdmListenerCore::flush_for_a_moment_locked(bool read_cq) {
   for (int spin = 0; spin < 200 && !pending.empty(); ++spin) {
     if (read_cq) {
-      name_exchanges.drop_unopenable();
+      drop_unopenable_name_exchanges_locked();
       (void)fi_cq_read(shared->cq, nullptr, 0);
     }
     flush_pending_locked();

@@ -12,8 +12,10 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -124,6 +126,104 @@ TEST(ShmNameExchange, ListenerSurvivesTheNameOfAVanishedClientAndServesTheNext) 
   client.reset();
   server.reset();
   listener.reset();
+}
+
+// Clients of another process that give up after their name exchange went
+// and before their REQ did, in rounds of 64 (what a domain keeps parked),
+// 256 in all, more than the listener admits at once. Each is parked until
+// its exchange is read, then probes the listener, which takes it out of its
+// table and frees its admission. A client after them is served.
+TEST(ShmNameExchange, ClientsThatGiveUpBeforeTheirRequestLeaveNoPeerBehind) {
+  int to_child[2], to_parent[2];
+  ASSERT_EQ(pipe(to_child), 0);
+  ASSERT_EQ(pipe(to_parent), 0);
+  const auto say = [](int fd) {
+    const char c = 1;
+    return write(fd, &c, 1) == 1;
+  };
+  const auto hear = [](int fd) {
+    char c;
+    return read(fd, &c, 1) == 1;
+  };
+  constexpr int kRounds = 4, kPerRound = 64;
+  const pid_t child = fork();  // before this process opens a domain (no threads)
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    uint16_t port = 0;
+    if (read(to_child[0], &port, sizeof port) != sizeof port) _exit(2);
+    std::unique_ptr<Domain> domain;
+    std::string error;
+    if (open_domain("fabric:shm", &domain, &error) != 0) _exit(3);
+    sockaddr_in to{};
+    to.sin_family = AF_INET;
+    to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    to.sin_port = port;
+    const uint8_t record[40] = {2};
+    for (int round = 0; round < kRounds; ++round) {
+      for (int i = 0; i < kPerRound; ++i) {  // the listener reads nothing meanwhile
+        std::unique_ptr<Endpoint> quitter;
+        if (domain->create_endpoint(nullptr, &quitter) != 0) _exit(4);
+        if (quitter->connect(reinterpret_cast<sockaddr *>(&to), sizeof to, record, sizeof record) != 0) _exit(5);
+      }
+      if (!say(to_parent[1]) || !hear(to_child[0])) _exit(6);  // it read their exchanges
+      std::unique_ptr<Endpoint> settle;  // making one settles the parked: each probes
+      if (domain->create_endpoint(nullptr, &settle) != 0) _exit(7);
+      if (!say(to_parent[1]) || !hear(to_child[0])) _exit(8);
+    }
+    _exit(0);
+  }
+  std::unique_ptr<Domain> domain;
+  std::string error;
+  ASSERT_EQ(open_domain("fabric:shm", &domain, &error), 0) << error;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::unique_ptr<Listener> listener;
+  ASSERT_EQ(domain->listen(reinterpret_cast<sockaddr *>(&addr), sizeof addr, 16, &listener), 0);
+  sockaddr_storage bound{};
+  socklen_t len = sizeof bound;
+  ASSERT_EQ(listener->local_address(&bound, &len), 0);
+  addr.sin_port = reinterpret_cast<sockaddr_in &>(bound).sin_port;
+  ASSERT_EQ(write(to_child[1], &addr.sin_port, sizeof addr.sin_port), static_cast<ssize_t>(sizeof addr.sin_port));
+  std::unique_ptr<ConnectionRequest> request;
+  const auto progress_a_while = [&] {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+    while (std::chrono::steady_clock::now() < end) {
+      while (listener->get_request(&request) == 1) request.reset();  // a REQ that went after all: refused
+      usleep(1000);
+    }
+  };
+  for (int round = 0; round < kRounds; ++round) {
+    ASSERT_TRUE(hear(to_parent[0])) << "round " << round;
+    progress_a_while();  // their exchanges
+    ASSERT_TRUE(say(to_child[1]));
+    ASSERT_TRUE(hear(to_parent[0]));
+    progress_a_while();  // their probes
+    ASSERT_TRUE(say(to_child[1]));
+  }
+
+  const uint8_t record[40] = {2};
+  std::unique_ptr<Endpoint> client, server;
+  ASSERT_EQ(domain->create_endpoint(nullptr, &client), 0);
+  ASSERT_EQ(client->connect(reinterpret_cast<sockaddr *>(&addr), sizeof addr, record, sizeof record), 0);
+  ASSERT_TRUE(wait_until([&] {
+    CmEvent ev;
+    if (client->poll_cm(&ev) == 1) ADD_FAILURE() << "client event " << int(ev.kind) << " " << ev.status;
+    return listener->get_request(&request) == 1;
+  })) << "no admission left, or the listener's table is full";
+  ASSERT_EQ(domain->create_endpoint(request.get(), &server), 0);
+  ASSERT_EQ(domain->accept(server.get(), request.get(), record, sizeof record), 0);
+  CmEvent client_event;
+  ASSERT_TRUE(wait_until([&] {
+    CmEvent ev;
+    (void)server->poll_cm(&ev);
+    return client->poll_cm(&client_event) == 1;
+  }));
+  EXPECT_EQ(client_event.kind, CmEventKind::kEstablished) << client_event.status;
+  int status = 0;
+  EXPECT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  for (int fd : {to_child[0], to_child[1], to_parent[0], to_parent[1]}) close(fd);
 }
 
 }  // namespace
