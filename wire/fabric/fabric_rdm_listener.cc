@@ -72,13 +72,15 @@ gs_status_t RdmListener::arm(bool drain_bell) {
   bool again = bell.signalled() || bell.requests_pending() || bell.has_requesters();
   if (!again && core_->send_blocked && !core_->pending.empty()) {
     // An ACK or REJECT the client has not made room for: it rings us back.
-    const int rc = core_->pending.front().bell().request_ringback(core_->shared->name);
+    int rc = core_->pending.front().bell().request_ringback(core_->shared->name);
     if (rc == 0) {
       core_->send_blocked = false;
     } else if (rc == -ECONNREFUSED) {
       core_->forget_client_locked(&core_->pending.front().owned);  // that client is gone
       core_->pending.pop_front();
       core_->pending_count.store(core_->pending.size(), std::memory_order_relaxed);
+    } else if (rc == -EAGAIN && core_->domain->watchdog().ring_after(shm::bell_path(core_->shared->name), 2)) {
+      rc = 0;  // its bell is full (it is awake) but will not ring us: look again after a pause
     }
     again = rc != 0;
   }
