@@ -720,8 +720,9 @@ TEST_F(GpuSockets, SendRingFullNonBlockingLosesNothing) {
   sizes[0] = n;
   uint8_t *data = mem_.alloc<uint8_t>(n);
   AgentResult *res = mem_.alloc<AgentResult>(1);
-  // Reads 4 KiB, sleeps 1 ms: slower than any sender, also one under a sanitizer.
-  Peer sink({"sink", std::to_string(port), "1", "1000"});
+  // Reads 4 KiB, sleeps 4 ms (1 MB/s): slower than any sender, also one under
+  // a sanitizer beside another test.
+  Peer sink({"sink", std::to_string(port), "1", "4000"});
   run(1, kBlockThreads, BulkSendKernel{ctx_, port, sizes, 1, data, n, 400, MSG_DONTWAIT, res}, res, 1, 90000);
   EXPECT_EQ(res[0].error, 0) << gs_status_name(res[0].error);
   EXPECT_GT(res[0].eagain, 0) << "the send ring never filled";
