@@ -81,51 +81,59 @@ void enqueue_name_exchange(const std::string &region, const std::string &sender)
   munmap(base, head.total_size);
 }
 
-TEST(ShmNameExchange, ListenerSurvivesTheNameOfAVanishedClientAndServesTheNext) {
+// A fabric:shm domain and a listener on 127.0.0.1, any port (addr says which).
+struct ShmListener {
   std::unique_ptr<Domain> domain;
-  std::string error;
-  ASSERT_EQ(open_domain("fabric:shm", &domain, &error), 0) << error;
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   std::unique_ptr<Listener> listener;
-  ASSERT_EQ(domain->listen(reinterpret_cast<sockaddr *>(&addr), sizeof addr, 16, &listener), 0);
-  sockaddr_storage bound{};
-  socklen_t len = sizeof bound;
-  ASSERT_EQ(listener->local_address(&bound, &len), 0);
-  addr.sin_port = reinterpret_cast<sockaddr_in &>(bound).sin_port;
-  shm::Rendezvous rv{};
-  ASSERT_TRUE(shm::read_rendezvous(shm::rendezvous_name("127.0.0.1", ntohs(addr.sin_port)), &rv));
+  sockaddr_in addr{};
 
+  void open() {
+    std::string error;
+    ASSERT_EQ(open_domain("fabric:shm", &domain, &error), 0) << error;
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(domain->listen(reinterpret_cast<sockaddr *>(&addr), sizeof addr, 16, &listener), 0);
+    sockaddr_storage bound{};
+    socklen_t len = sizeof bound;
+    ASSERT_EQ(listener->local_address(&bound, &len), 0);
+    addr.sin_port = reinterpret_cast<sockaddr_in &>(bound).sin_port;
+  }
+
+  // A client of this process connects and both ends are established.
+  void serve_one_client() {
+    const uint8_t record[40] = {1};
+    std::unique_ptr<Endpoint> client, server;
+    std::unique_ptr<ConnectionRequest> request;
+    ASSERT_EQ(domain->create_endpoint(nullptr, &client), 0);
+    ASSERT_EQ(client->connect(reinterpret_cast<sockaddr *>(&addr), sizeof addr, record, sizeof record), 0);
+    ASSERT_TRUE(wait_until([&] {
+      CmEvent ev;
+      if (client->poll_cm(&ev) == 1) ADD_FAILURE() << "client event " << int(ev.kind) << " " << ev.status;
+      return listener->get_request(&request) == 1;
+    })) << "no request: no admission left, or the listener's table is full";
+    ASSERT_EQ(domain->create_endpoint(request.get(), &server), 0);
+    ASSERT_EQ(domain->accept(server.get(), request.get(), record, sizeof record), 0);
+    CmEvent client_event, server_event;
+    bool client_up = false, server_up = false;
+    ASSERT_TRUE(wait_until([&] {
+      client_up = client_up || client->poll_cm(&client_event) == 1;
+      server_up = server_up || server->poll_cm(&server_event) == 1;
+      return client_up && server_up;
+    }));
+    EXPECT_EQ(client_event.kind, CmEventKind::kEstablished) << client_event.status;
+    EXPECT_EQ(server_event.kind, CmEventKind::kEstablished) << server_event.status;
+  }
+};
+
+TEST(ShmNameExchange, ListenerSurvivesTheNameOfAVanishedClientAndServesTheNext) {
+  ShmListener shm_listener;
+  ASSERT_NO_FATAL_FAILURE(shm_listener.open());
+  shm::Rendezvous rv{};
+  ASSERT_TRUE(shm::read_rendezvous(shm::rendezvous_name("127.0.0.1", ntohs(shm_listener.addr.sin_port)), &rv));
   for (int i = 0; i < 3; ++i) enqueue_name_exchange(rv.name, "gpusock-ep-999999-1-dead-" + std::to_string(i));
   std::unique_ptr<ConnectionRequest> request;
-  EXPECT_EQ(listener->get_request(&request), 0);  // shm 1.17 alone: SIGSEGV in fi_cq_read here
-
-  // A real client after them is served.
-  std::unique_ptr<Endpoint> client, server;
-  ASSERT_EQ(domain->create_endpoint(nullptr, &client), 0);
-  const uint8_t record[40] = {1};
-  ASSERT_EQ(client->connect(reinterpret_cast<sockaddr *>(&addr), sizeof addr, record, sizeof record), 0);
-  ASSERT_TRUE(wait_until([&] {
-    CmEvent ev;
-    if (client->poll_cm(&ev) == 1) ADD_FAILURE() << "client event " << int(ev.kind) << " " << ev.status;
-    return listener->get_request(&request) == 1;
-  }));
-  ASSERT_EQ(domain->create_endpoint(request.get(), &server), 0);
-  ASSERT_EQ(domain->accept(server.get(), request.get(), record, sizeof record), 0);
-  CmEvent client_event, server_event;
-  bool client_up = false, server_up = false;
-  ASSERT_TRUE(wait_until([&] {
-    client_up = client_up || client->poll_cm(&client_event) == 1;
-    server_up = server_up || server->poll_cm(&server_event) == 1;
-    return client_up && server_up;
-  }));
-  EXPECT_EQ(client_event.kind, CmEventKind::kEstablished) << client_event.status;
-  EXPECT_EQ(server_event.kind, CmEventKind::kEstablished) << server_event.status;
-  request.reset();
-  client.reset();
-  server.reset();
-  listener.reset();
+  EXPECT_EQ(shm_listener.listener->get_request(&request), 0);  // shm 1.17 alone: SIGSEGV in fi_cq_read here
+  shm_listener.serve_one_client();
 }
 
 // Clients of another process that give up after their name exchange went
@@ -172,24 +180,15 @@ TEST(ShmNameExchange, ClientsThatGiveUpBeforeTheirRequestLeaveNoPeerBehind) {
     }
     _exit(0);
   }
-  std::unique_ptr<Domain> domain;
-  std::string error;
-  ASSERT_EQ(open_domain("fabric:shm", &domain, &error), 0) << error;
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  std::unique_ptr<Listener> listener;
-  ASSERT_EQ(domain->listen(reinterpret_cast<sockaddr *>(&addr), sizeof addr, 16, &listener), 0);
-  sockaddr_storage bound{};
-  socklen_t len = sizeof bound;
-  ASSERT_EQ(listener->local_address(&bound, &len), 0);
-  addr.sin_port = reinterpret_cast<sockaddr_in &>(bound).sin_port;
-  ASSERT_EQ(write(to_child[1], &addr.sin_port, sizeof addr.sin_port), static_cast<ssize_t>(sizeof addr.sin_port));
-  std::unique_ptr<ConnectionRequest> request;
+  ShmListener shm_listener;
+  ASSERT_NO_FATAL_FAILURE(shm_listener.open());
+  const uint16_t port = shm_listener.addr.sin_port;
+  ASSERT_EQ(write(to_child[1], &port, sizeof port), static_cast<ssize_t>(sizeof port));
   const auto progress_a_while = [&] {
+    std::unique_ptr<ConnectionRequest> request;
     const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
     while (std::chrono::steady_clock::now() < end) {
-      while (listener->get_request(&request) == 1) request.reset();  // a REQ that went after all: refused
+      while (shm_listener.listener->get_request(&request) == 1) request.reset();  // a REQ that went after all: refused
       usleep(1000);
     }
   };
@@ -202,24 +201,7 @@ TEST(ShmNameExchange, ClientsThatGiveUpBeforeTheirRequestLeaveNoPeerBehind) {
     ASSERT_TRUE(say(to_child[1]));
   }
 
-  const uint8_t record[40] = {2};
-  std::unique_ptr<Endpoint> client, server;
-  ASSERT_EQ(domain->create_endpoint(nullptr, &client), 0);
-  ASSERT_EQ(client->connect(reinterpret_cast<sockaddr *>(&addr), sizeof addr, record, sizeof record), 0);
-  ASSERT_TRUE(wait_until([&] {
-    CmEvent ev;
-    if (client->poll_cm(&ev) == 1) ADD_FAILURE() << "client event " << int(ev.kind) << " " << ev.status;
-    return listener->get_request(&request) == 1;
-  })) << "no admission left, or the listener's table is full";
-  ASSERT_EQ(domain->create_endpoint(request.get(), &server), 0);
-  ASSERT_EQ(domain->accept(server.get(), request.get(), record, sizeof record), 0);
-  CmEvent client_event;
-  ASSERT_TRUE(wait_until([&] {
-    CmEvent ev;
-    (void)server->poll_cm(&ev);
-    return client->poll_cm(&client_event) == 1;
-  }));
-  EXPECT_EQ(client_event.kind, CmEventKind::kEstablished) << client_event.status;
+  shm_listener.serve_one_client();
   int status = 0;
   EXPECT_EQ(waitpid(child, &status, 0), child);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
