@@ -143,7 +143,7 @@ void RdmListenerCore::drop_pending_ack_locked(uint64_t nonce) {
 void RdmListenerCore::forget_client_locked(PeerRef *client) {
   if (!client->valid()) return;
   remove_peer(shared->av, client);
-  shared->bell.release_admission();
+  shared->bell.release_admissions(1);
 }
 
 // A probe comes from a client endpoint parked for us (fabric_rdm_parking.cc):
@@ -156,7 +156,7 @@ void RdmListenerCore::forget_parked_client_locked(const CtrlMsg &probe) {
 
 // Each client dropped there will never be in our AV: its admission is free.
 void RdmListenerCore::drop_unopenable_name_exchanges_locked() {
-  for (int dropped = name_exchanges.drop_unopenable(); dropped > 0; --dropped) shared->bell.release_admission();
+  shared->bell.release_admissions(static_cast<uint32_t>(name_exchanges.drop_unopenable()));
 }
 
 void RdmListenerCore::flush_pending_locked() {

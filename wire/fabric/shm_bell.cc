@@ -321,22 +321,10 @@ int PeerBell::ring() const {
   return rc == -EAGAIN ? 0 : rc;  // its queue is full: it is readable already
 }
 
-bool PeerBell::admission_open() const {
-  if (page_ == nullptr || page_->admission_cap == 0) return true;
-  const uint32_t taken = page_->admitted.load(std::memory_order_acquire);
-  return static_cast<int32_t>(taken - page_->released.load(std::memory_order_acquire)) <
-         static_cast<int32_t>(page_->admission_cap);
-}
-
 bool PeerBell::take_admission() const {
   if (page_ == nullptr || page_->admission_cap == 0) return true;
-  uint32_t taken = page_->admitted.load(std::memory_order_acquire);
-  for (;;) {
-    // Wrapping differences: released may run ahead of admitted with clients
-    // that keep no count (an older gpusock).
-    if (static_cast<int32_t>(taken - page_->released.load(std::memory_order_acquire)) >=
-        static_cast<int32_t>(page_->admission_cap))
-      return false;
+  for (uint32_t taken = admitted();;) {
+    if (all_admitted(taken)) return false;
     if (page_->admitted.compare_exchange_weak(taken, taken + 1, std::memory_order_acq_rel)) return true;
   }
 }

@@ -156,9 +156,9 @@ class Bell {
   bool drain_unless_drained() { return !drained_ && drain(); }
   // Listeners: keep at most `cap` clients admitted (see "Admission").
   void open_admissions(uint32_t cap) { page_->admission_cap = cap; }
-  // A client admitted here is out of our table again.
-  void release_admission() {
-    if (page_ != nullptr && page_->admission_cap != 0) page_->released.fetch_add(1, std::memory_order_acq_rel);
+  // `count` clients admitted here are out of our table again.
+  void release_admissions(uint32_t count) {
+    if (page_ != nullptr && page_->admission_cap != 0) page_->released.fetch_add(count, std::memory_order_acq_rel);
   }
   // Take the requests counted so far (call before a progress pass).
   void collect_requests();
@@ -219,17 +219,20 @@ class PeerBell {
   // Admission to the peer, a listener (see "Admission"): true when taken (or
   // when that listener keeps none); false: wait until admission_open().
   bool take_admission() const;
-  bool admission_open() const;
-  // An admission taken and not used: nothing was sent to the listener.
-  void give_back_admission() const {
-    if (page_ != nullptr && page_->admission_cap != 0) page_->released.fetch_add(1, std::memory_order_acq_rel);
-  }
+  bool admission_open() const { return page_ == nullptr || page_->admission_cap == 0 || !all_admitted(admitted()); }
   // The peer (a listener) takes no more requests.
   bool closed() const { return page_ != nullptr && page_->closed.load(std::memory_order_relaxed) != 0; }
   // One byte to the peer's bell.
   int ring() const;
 
  private:
+  uint32_t admitted() const { return page_->admitted.load(std::memory_order_acquire); }
+  // With `taken` admitted: none left. Wrapping differences: released may run
+  // ahead of admitted with clients that keep no count (an older gpusock).
+  bool all_admitted(uint32_t taken) const {
+    return static_cast<int32_t>(taken - page_->released.load(std::memory_order_acquire)) >=
+           static_cast<int32_t>(page_->admission_cap);
+  }
   BellPage *page_ = nullptr;
   void *head_map_ = nullptr;
   const int32_t *signal_ = nullptr;  // the peer region's

@@ -125,23 +125,27 @@ void ShmWatchdog::wake() {
 
 bool ShmWatchdog::start_locked() {
   if (started_) return true;
-  if (epfd_ < 0) epfd_ = epoll_create1(EPOLL_CLOEXEC);
-  if (wakefd_ < 0) {
-    wakefd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (wakefd_ >= 0 && epfd_ >= 0) {
-      epoll_event ev{};
-      ev.events = EPOLLIN;
-      ev.data.u64 = 0;  // the wake fd; pidfds have ids from 1
-      if (epoll_ctl(epfd_, EPOLL_CTL_ADD, wakefd_, &ev) != 0) return false;
+  // All or nothing: a later call starts from scratch.
+  const auto give_up = [this] {
+    for (int *fd : {&epfd_, &wakefd_, &ringer_}) {
+      if (*fd >= 0) close(*fd);
+      *fd = -1;
     }
-  }
-  if (ringer_ < 0) ringer_ = open_ringer();
-  if (epfd_ < 0 || wakefd_ < 0 || ringer_ < 0) return false;
+    return false;
+  };
+  epfd_ = epoll_create1(EPOLL_CLOEXEC);
+  wakefd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  ringer_ = open_ringer();
+  if (epfd_ < 0 || wakefd_ < 0 || ringer_ < 0) return give_up();
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = 0;  // the wake fd; pidfds have ids from 1
+  if (epoll_ctl(epfd_, EPOLL_CTL_ADD, wakefd_, &ev) != 0) return give_up();
   try {
     thread_ = std::thread([this] { run(); });
     (void)pthread_setname_np(thread_.native_handle(), "gs-shm-watch");  // for top -H, perf, gdb
   } catch (...) {
-    return false;
+    return give_up();
   }
   started_ = true;
   return true;
