@@ -24,7 +24,6 @@
 #include <sys/resource.h>
 #include <sys/statvfs.h>
 
-#include <dirent.h>
 #include <signal.h>
 
 #include <cstdio>
@@ -36,6 +35,7 @@
 #include "test-support/gs_sockets.h"
 #include "test-support/kernel_sockets.h"
 #include "test-support/peer_process.h"
+#include "test-support/resources.h"
 
 namespace {
 
@@ -99,36 +99,14 @@ struct Ticks {
   std::map<std::string, long> threads;  // "comm/tid" ("main/tid" for the main thread) -> utime + stime
 };
 
-// utime + stime of one /proc stat file, and its comm; -1 if unreadable.
-long stat_ticks(const std::string &path, std::string *comm = nullptr) {
-  std::ifstream f(path);
-  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  const size_t open = text.find('('), close = text.rfind(')');
-  if (open == std::string::npos || close == std::string::npos) return -1;
-  if (comm) *comm = text.substr(open + 1, close - open - 1);
-  std::istringstream rest(text.substr(close + 1));
-  std::string field;
-  long utime = 0, stime = 0;
-  for (int i = 3; i <= 15 && rest >> field; ++i) {  // fields 14 and 15 of proc(5)
-    if (i == 14) utime = std::atol(field.c_str());
-    if (i == 15) stime = std::atol(field.c_str());
-  }
-  return utime + stime;
-}
-
 Ticks read_ticks(pid_t pid) {
   Ticks t;
-  const std::string dir = "/proc/" + std::to_string(pid);
-  t.total = stat_ticks(dir + "/stat");
-  if (DIR *tasks = opendir((dir + "/task").c_str())) {
-    while (dirent *e = readdir(tasks)) {
-      if (e->d_name[0] == '.') continue;
-      std::string comm;
-      const long ticks = stat_ticks(dir + "/task/" + e->d_name + "/stat", &comm);
-      const bool main_thread = std::atoi(e->d_name) == pid;
-      if (ticks >= 0) t.threads[(main_thread ? "main" : comm) + "/" + e->d_name] = ticks;
-    }
-    closedir(tasks);
+  gpusock::test::StatTicks process;
+  if (gpusock::test::read_stat_ticks("/proc/" + std::to_string(pid) + "/stat", &process))
+    t.total = process.utime + process.stime;
+  for (const auto &thread : gpusock::test::thread_ticks(std::to_string(pid))) {
+    const bool main_thread = thread.tid == pid;
+    t.threads[(main_thread ? "main" : thread.comm) + "/" + std::to_string(thread.tid)] = thread.utime + thread.stime;
   }
   return t;
 }
@@ -416,11 +394,7 @@ int run_role(int argc, char **argv) {
 int main(int argc, char **argv) {
   signal(SIGPIPE, SIG_IGN);
   // 1,000 connections on each side, plus what a transport opens per socket.
-  rlimit files{};
-  if (getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
-    files.rlim_cur = files.rlim_max;
-    setrlimit(RLIMIT_NOFILE, &files);
-  }
+  gpusock::test::raise_fd_limit();
   if (argc < 2) usage("no mode");
   const std::string mode = argv[1];
   if (mode == "suite") return run_suite(parse_suite(argc, argv));

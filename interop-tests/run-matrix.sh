@@ -464,7 +464,7 @@ declare -A SLAP_BASELINE=()
 slap_case() {
 	local role=$1 id=$2 c=$3 cpre=$4 t1=$5 f rc V=PASS N=
 	for f in set get; do
-		timeout -k 3 $((c == 1 ? 120 : 60)) bash -c "$cpre memcslap -s $A:$PORT -c $c -e 500 -t $f" >"$LOGS/$id.slap$c-$f" 2>&1
+		timeout -k 3 $((c == 1 ? 120 : 20)) bash -c "$cpre memcslap -s $A:$PORT -c $c -e 500 -t $f" >"$LOGS/$id.slap$c-$f" 2>&1
 		rc=$?
 		((rc == 0)) && grep -q "Time to $f" "$LOGS/$id.slap$c-$f" || { V=FAIL; N+="memcslap -c $c -t $f exit $rc $(grep -m1 -E 'error|Fatal' "$LOGS/$id.slap$c-$f" | oneline 120); "; }
 	done
@@ -655,7 +655,7 @@ if want gpu; then
 	((WAIT_RC == 0)) || { V=FAIL; N+="server exit $WAIT_RC; "; }
 	[[ $echoed == "$expected" ]] || { V=FAIL; N+="server echoed '${echoed}' bytes, clients sent $expected; "; }
 	record gpu "gpu_echo_server (host backend)" gs-server "stops on SIGTERM, echoed = sent" $V "$(since "$t0")" \
-		"${N}echoed $echoed bytes, clients sent $expected; $(grep -m1 'gpusock proxy:' "$LOGS/$gid.srv" | oneline 160)" ""
+		"${N}echoed $echoed bytes, clients sent $expected; $(grep -m1 'proxy: transport' "$LOGS/$gid.srv" | oneline 160)" ""
 fi
 
 # ------------------------------------------------------------- apps

@@ -1,6 +1,6 @@
-// The shim's configuration (GPUSOCK_* variables and rsocket's files, read once
-// per process) and its log (GPUSOCK_LOG). Bottom layer: includes nothing of
-// the shim.
+// The shim's configuration (its GPUSOCK_* settings and rsocket's
+// preload_config, read once per process). Bottom layer: includes nothing of
+// the shim; it logs through gpusock's logger (wire/log.h).
 #pragma once
 
 #include <cstdint>
@@ -12,7 +12,6 @@ namespace gpusock::preload {
 struct Config {
   bool enabled = true;
   bool refuse = false;  // GPUSOCK_FALLBACK=refuse
-  int log_level = 0;    // 0 warn, 1 info, 2 debug
   bool have_include = false;
   std::vector<uint64_t> include;  // 65536-bit maps
   std::vector<uint64_t> exclude;
@@ -28,7 +27,5 @@ void init_config();  // idempotent; the constructor calls it
 bool port_selected(uint16_t port);
 bool every_port_selected();  // no GPUSOCK_PORTS, no GPUSOCK_EXCLUDE_PORTS
 bool rules_select(int domain, int type, int protocol);
-
-void log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 }  // namespace gpusock::preload

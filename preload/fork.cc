@@ -1,5 +1,6 @@
 // fork and exec of a process with gpusock sockets (fork.h).
 #include "preload/fork.h"
+#include "wire/log.h"
 
 #include "preload/config.h"
 #include "preload/epoll_table.h"
@@ -66,7 +67,8 @@ void name_child_end(int fd, int c) {
   names.local_len = names.peer_len = sizeof(sockaddr_storage);
   if (gs().getsockname(fd, reinterpret_cast<sockaddr *>(&names.local), &names.local_len) < 0 ||
       gs().getpeername(fd, reinterpret_cast<sockaddr *>(&names.peer), &names.peer_len) < 0 || !name_relay_end(c, names))
-    log(1, "fork: the child's end of fd %d does not carry the connection's addresses (it reads as AF_UNIX)", fd);
+    log::write(log::kInfo, "shim",
+               "fork: the child's end of fd %d does not carry the connection's addresses (it reads as AF_UNIX)", fd);
 }
 
 // What the child gets for each socket: a listener a placeholder kernel socket
@@ -147,7 +149,7 @@ void parent_after_fork(const Sockets &socks, pid_t pid) {
     std::vector<int> parent_fds;
     for (auto &[fd, cloexec] : gr.fds) parent_fds.push_back(fd);
     add_relay_locked(gr.r, gr.g, gr.info, std::move(parent_fds));
-    log(2, "fork: relaying fd %d to child %d", gr.fds.front().first, static_cast<int>(pid));
+    log::write(log::kDebug, "shim", "fork: relaying fd %d to child %d", gr.fds.front().first, static_cast<int>(pid));
   }
   if (pid > 0) run_relays_locked();
 }
@@ -201,15 +203,17 @@ Tables adopt_if_cloned() {
     gr.c = real().socket(domain, SOCK_STREAM | SOCK_CLOEXEC | (gr.nonblocking ? SOCK_NONBLOCK : 0), 0);
   }
   child_after_fork(socks, relay_fds_locked());
-  log(1, "process made by a clone the shim did not see: %zu inherited gpusock socket(s) left to the parent",
-      socks.size());
+  log::write(log::kInfo, "shim",
+             "process made by a clone the shim did not see: %zu inherited gpusock socket(s) left to the parent",
+             socks.size());
   return Tables::kOwn;
 }
 
 void before_exec() {
   auto fds = all_gs_fds();
   if (fds.empty()) return;
-  log(1, "exec: closing %zu gpusock socket fd(s) in order (they cannot survive exec)", fds.size());
+  log::write(log::kInfo, "shim", "exec: closing %zu gpusock socket fd(s) in order (they cannot survive exec)",
+             fds.size());
   for (auto &[fd, info] : fds) {
     linger l{1, 5};
     {

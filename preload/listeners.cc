@@ -1,5 +1,6 @@
 // Listeners shared by the processes of a forked server (listeners.h).
 #include "preload/listeners.h"
+#include "wire/log.h"
 
 #include "preload/config.h"
 #include "preload/epoll_table.h"
@@ -81,14 +82,14 @@ int not_now(int fd, ListenSpec &spec, int err) {
     spec.told_busy = true;
     const std::string where = addr_text(reinterpret_cast<sockaddr *>(&spec.addr), spec.addr_len);
     if (err == -EADDRINUSE)
-      log(0,
-          "fd %d: %s is held by another process of this program (%s cannot share a listening port between "
-          "processes): that process serves its connections; this one takes the port when it is free "
-          "(trying every %ld ms)",
-          fd, where.c_str(), transport_name(), kRetryMs);
+      log::write(log::kWarn, "shim",
+                 "fd %d: %s is held by another process of this program (%s cannot share a listening port between "
+                 "processes): that process serves its connections; this one takes the port when it is free "
+                 "(trying every %ld ms)",
+                 fd, where.c_str(), transport_name(), kRetryMs);
     else
-      log(0, "fd %d: cannot listen on %s in this process: %s (%s); trying again every %ld ms", fd, where.c_str(),
-          gs().last_error(), strerror(-err), kRetryMs);
+      log::write(log::kWarn, "shim", "fd %d: cannot listen on %s in this process: %s (%s); trying again every %ld ms",
+                 fd, where.c_str(), gs().last_error(), strerror(-err), kRetryMs);
   }
   return 0;
 }
@@ -190,8 +191,8 @@ int activate(int fd) {
   }
   spec->touch_mark = touches(fds);
   spec->told_busy = false;
-  log(1, "fd %d: listening on %s via gpusock (%s) in this process", fd,
-      addr_text(reinterpret_cast<sockaddr *>(&spec->addr), spec->addr_len).c_str(), transport_name());
+  log::write(log::kInfo, "shim", "fd %d: listening on %s via gpusock (%s) in this process", fd,
+             addr_text(reinterpret_cast<sockaddr *>(&spec->addr), spec->addr_len).c_str(), transport_name());
   return kind_of(fd) == kGs ? 1 : 0;
 }
 
@@ -276,10 +277,10 @@ void set_listener_aside(const std::vector<std::pair<int, bool>> &fds, std::share
     add_dormant(fd, spec);
   }
   R.close(placeholder);
-  log(2,
-      "fork: fd %d: listener set aside in this process (unused since listen or the last fork); it listens "
-      "again when used",
-      fds.front().first);
+  log::write(log::kDebug, "shim",
+             "fork: fd %d: listener set aside in this process (unused since listen or the last fork); it listens "
+             "again when used",
+             fds.front().first);
 }
 
 // ---------------------------------------------------------------- the transport's bind

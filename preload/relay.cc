@@ -1,5 +1,6 @@
 // The fork relays and their thread (relay.h).
 #include "preload/relay.h"
+#include "wire/log.h"
 
 #include "preload/config.h"
 #include "preload/library.h"
@@ -176,7 +177,7 @@ void relay_loop() {
       for (Relay *x : done) v.erase(std::remove(v.begin(), v.end(), x), v.end());
     }
     for (Relay *x : done) {
-      log(2, "fork relay for fd %d finished", x->g);
+      log::write(log::kDebug, "shim", "fork relay for fd %d finished", x->g);
       real().close(x->r);
       set_kind(x->g, kKernel);
       gs().close(x->g);  // drops the relay's reference; the last one closes the connection

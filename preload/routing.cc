@@ -1,5 +1,7 @@
 // Routing between the kernel and gpusock (routing.h).
 #include "preload/routing.h"
+#include "wire/config.h"
+#include "wire/log.h"
 
 #include "preload/library.h"
 
@@ -78,12 +80,14 @@ int transport_or_fallback() {
   if (st == 0) return 0;
   static std::atomic<bool> warned{false};
   if (config().refuse) {
-    if (!warned.exchange(true)) log(0, "refusing TCP sockets (GPUSOCK_FALLBACK=refuse): %s", probe_error());
+    if (!warned.exchange(true))
+      log::write(log::kWarn, "shim", "refusing TCP sockets (GPUSOCK_FALLBACK=refuse): %s", probe_error());
     return st;
   }
   if (!warned.exchange(true))
-    log(0, "%s; falling back to kernel TCP for this process (GPUSOCK_FALLBACK=refuse to fail instead)",
-        probe_error());
+    log::write(log::kWarn, "shim",
+               "%s; falling back to kernel TCP for this process (GPUSOCK_FALLBACK=refuse to fail instead)",
+               probe_error());
   return 1;
 }
 
@@ -115,8 +119,8 @@ std::string addr_text(const sockaddr *addr, socklen_t len) {
 const char *transport_name() {
   // Read once: some servers clear their workers' environment (nginx).
   static const std::string name = [] {
-    const char *t = getenv("GPUSOCK_TRANSPORT");
-    return std::string(t && *t ? t : "default transport");
+    const std::string &t = config::text(config::Id::kTransport);
+    return t.empty() ? std::string("default transport") : t;
   }();
   return name.c_str();
 }
@@ -171,7 +175,7 @@ int upgrade(int fd, const Pending &p) {
 
 int decide_pending(int fd, const Pending &p, uint16_t port, const std::string &what) {
   if (!port_selected(port)) {
-    log(1, "fd %d: %s: kernel TCP (port not selected)", fd, what.c_str());
+    log::write(log::kInfo, "shim", "fd %d: %s: kernel TCP (port not selected)", fd, what.c_str());
     finalize_kernel(fd);
     return 0;
   }

@@ -2,6 +2,7 @@
 // TCP socket pending; bind/listen/connect have routing.h decide it; the calls
 // on a gpusock socket go to the library, blocking ones wait in the shim.
 #include "preload/fork.h"
+#include "wire/log.h"
 #include "preload/library.h"
 #include "preload/listeners.h"
 #include "preload/routing.h"
@@ -85,7 +86,8 @@ GS_EXPORT int bind(int fd, const sockaddr *addr, socklen_t len) {
   if (d < 0) return -1;
   Inside guard;
   const int r = gs().bind(fd, addr, len);
-  log(1, "fd %d: bind %s: gpusock (%s)%s", fd, addr_text(addr, len).c_str(), transport_name(), r < 0 ? " failed" : "");
+  gpusock::log::write(gpusock::log::kInfo, "shim", "fd %d: bind %s: gpusock (%s)%s", fd, addr_text(addr, len).c_str(),
+                      transport_name(), r < 0 ? " failed" : "");
   return libc_result(r);
 }
 
@@ -127,13 +129,13 @@ GS_EXPORT int listen(int fd, int backlog) {
   if (r == 0) {
     note_listen(fd, backlog);
     if (auto info = sock_info(fd)) info->listening = true;
-    if (config().log_level >= 1) {
+    if (gpusock::log::enabled(gpusock::log::kInfo)) {
       sockaddr_storage ss{};
       socklen_t sl = sizeof ss;
       Inside guard;
       gs().getsockname(fd, reinterpret_cast<sockaddr *>(&ss), &sl);
-      log(1, "fd %d: listening on %s via gpusock (%s)", fd, addr_text(reinterpret_cast<sockaddr *>(&ss), sl).c_str(),
-          transport_name());
+      gpusock::log::write(gpusock::log::kInfo, "shim", "fd %d: listening on %s via gpusock (%s)", fd,
+                          addr_text(reinterpret_cast<sockaddr *>(&ss), sl).c_str(), transport_name());
     }
   }
   return libc_result(r);
@@ -154,7 +156,8 @@ GS_EXPORT int connect(int fd, const sockaddr *addr, socklen_t len) {
     if (d == 0) return R.connect(fd, addr, len);
     if (d < 0) return -1;
     bind_recorded(fd, p);
-    log(1, "fd %d: connect %s via gpusock (%s)", fd, addr_text(addr, len).c_str(), transport_name());
+    gpusock::log::write(gpusock::log::kInfo, "shim", "fd %d: connect %s via gpusock (%s)", fd,
+                        addr_text(addr, len).c_str(), transport_name());
     k = kGs;
   }
   if (k != kGs) return R.connect(fd, addr, len);
@@ -218,7 +221,7 @@ GS_EXPORT int accept4(int fd, sockaddr *addr, socklen_t *len, int flags) {
   }
   if (r < 0) return libc_result(r);
   attach_gs_fd(r, nullptr);
-  log(2, "fd %d: accepted fd %d via gpusock", fd, r);
+  gpusock::log::write(gpusock::log::kDebug, "shim", "fd %d: accepted fd %d via gpusock", fd, r);
   return r;
 }
 

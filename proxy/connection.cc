@@ -1,4 +1,5 @@
 #include "proxy/connection.h"
+#include "wire/log.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -21,7 +22,7 @@ wire::DriverConfig Connection::config() const {
 // after it connected (a protocol violation) is worth a line on stderr.
 void Connection::on_driver_error(void *self, gs_status_t err, const char *why) {
   if (static_cast<Connection *>(self)->driver_.state() == DriverState::kConnected)
-    std::fprintf(stderr, "gpusock proxy: closing connection: %s (%s)\n", why, gs_status_name(err));
+    log::write(log::kWarn, "proxy", "closing connection: %s (%s)", why, gs_status_name(err));
 }
 
 uint64_t Connection::turnaround_ns(Clock::time_point now) {

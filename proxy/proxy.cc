@@ -3,6 +3,9 @@
 // and connections, each driving a wire::ConnectionDriver), and publish what
 // the GPU polls. This file: start, stop, the facade.
 #include "proxy/proxy_impl.h"
+#include "wire/log.h"
+#include "wire/config.h"
+#include "wire/socket_rules.h"
 #include "wire/spin_lock.h"
 
 #include <pthread.h>
@@ -73,105 +76,87 @@ gs_status_t Proxy::Impl::start(const ProxyOptions &options_in, MemoryResource *m
   options_ = options_in;
   memory_ = memory;
   if (!memory_) return -EINVAL;
-  options_.max_sockets = std::max<uint32_t>(options_.max_sockets, 1);
-  if (options_.listener_poll_us < 0) {
-    const char *env = std::getenv("GPUSOCK_PROXY_LISTENER_POLL_US");
-    options_.listener_poll_us = env && *env ? std::max(0, std::atoi(env)) : 20;
-  }
-  listener_every_ = std::chrono::microseconds(options_.listener_poll_us);
-  options_.rbuf_size = std::max<uint32_t>(options_.rbuf_size, 4096) & ~63u;  // even, 64-byte aligned rings
-  options_.sbuf_size = std::max<uint32_t>(options_.sbuf_size, 4096) & ~63u;
-  const uint32_t entries = round_up_pow2(std::max<uint32_t>(options_.request_entries, 2));
-  const uint32_t sets = options_.max_sockets + options_.spare_buffer_sets;
+  settle_options();
   cpu_set_t cpus;
   if (!options_.cpus.empty() && !parse_cpu_list(options_.cpus, &cpus)) {
-    std::fprintf(stderr, "gpusock proxy: bad CPU list \"%s\" (expected e.g. 0-15,32)\n", options_.cpus.c_str());
+    log::write(log::kWarn, "proxy", "bad CPU list \"%s\" (expected e.g. 0-15,32)", options_.cpus.c_str());
     return -EINVAL;
   }
-
   std::string error;
-  int rc = wire::open_domain(options_.transport, &domain_, &error);
-  if (rc < 0) {
-    std::fprintf(stderr, "gpusock proxy: %s\n", error.empty() ? gs_status_name(rc) : error.c_str());
+  if (const int rc = wire::open_domain(options_.transport, &domain_, &error); rc < 0) {
+    log::write(log::kWarn, "proxy", "%s", error.empty() ? gs_status_name(rc) : error.c_str());
     return rc;
   }
-
-  // Where the rings live. GPU memory needs a transport that registers it and a
-  // way to hand it the device pointer; until then the GPU reads and writes
-  // pinned host memory directly (bounce buffers).
-  // The probe asks the transport's library itself (a real registration of a
-  // GPU buffer); even where that works, wire::Domain::register_memory takes
-  // host pointers only today, so the rings stay in pinned host memory.
-  const bool device_rings = false;
-  std::string why = probe_device_memory();
-  const MemoryKind ring_kind = device_rings ? MemoryKind::kDevice : MemoryKind::kHostMapped;
-
-  // A request ring, a ProxyShared and GPU-side counters per proxy thread.
-  const uint32_t threads = choose_threads();
-  const size_t counters_bytes = size_t(threads) * kCounterStride * sizeof(unsigned long long);
-  rc = memory_->allocate(MemoryKind::kHostMapped, size_t(threads) * entries * sizeof(Request), &requests_mem_);
-  if (rc == 0)
-    rc = memory_->allocate(MemoryKind::kHostMapped,
-                           threads * sizeof(ProxyShared) +
-                               size_t(options_.max_sockets) * (sizeof(SocketStatus) + sizeof(InlineRecv)),
-                           &status_mem_);
-  const size_t sockets_bytes = size_t(options_.max_sockets) * sizeof(DeviceSocket);
-  const size_t claims_bytes = (size_t(options_.max_sockets) * sizeof(uint32_t) + 63) & ~size_t(63);
-  if (rc == 0)
-    rc = memory_->allocate(MemoryKind::kDevice, sockets_bytes + claims_bytes + 2 * counters_bytes + 64, &private_mem_);
-  if (rc == 0) rc = memory_->allocate(ring_kind, size_t(sets) * options_.rbuf_size, &rbuf_mem_);
-  if (rc == 0) rc = memory_->allocate(ring_kind, size_t(sets) * options_.sbuf_size, &sbuf_mem_);
-  if (rc < 0) {
-    std::fprintf(stderr, "gpusock proxy: cannot allocate the channel from %s: %s\n", memory_->name(),
-                 gs_status_name(rc));
+  if (const int rc = allocate_channel(); rc < 0) {
+    log::write(log::kWarn, "proxy", "cannot allocate the channel from %s: %s", memory_->name(), gs_status_name(rc));
     stop();
     return rc;
   }
-  requests_ = static_cast<Request *>(requests_mem_.host);
-  shared_ = static_cast<ProxyShared *>(status_mem_.host);
-  status_ = reinterpret_cast<SocketStatus *>(shared_ + threads);
-  inline_recv_ = reinterpret_cast<InlineRecv *>(status_ + options_.max_sockets);
-  rbuf_reg_ = static_cast<uint8_t *>(device_rings ? rbuf_mem_.device : rbuf_mem_.host);
-  sbuf_reg_ = static_cast<uint8_t *>(device_rings ? sbuf_mem_.device : sbuf_mem_.host);
+  describe_placement(probe_device_memory());
+  started_ = true;
+  start_threads(options_.cpus.empty() ? nullptr : &cpus);
+  if (!options_.quiet) log::write(log::kWarn, "proxy", "%s", placement_.c_str());
+  return 0;
+}
 
-  uint8_t *priv = static_cast<uint8_t *>(private_mem_.device);
-  ctx_.requests = static_cast<Request *>(requests_mem_.device);
-  ctx_.request_mask = entries - 1;
-  ctx_.request_rings = threads;
-  ctx_.shared = static_cast<const ProxyShared *>(status_mem_.device);
-  ctx_.status = reinterpret_cast<const SocketStatus *>(ctx_.shared + threads);
-  ctx_.inline_recv = reinterpret_cast<const InlineRecv *>(ctx_.status + options_.max_sockets);
-  ctx_.sockets = reinterpret_cast<DeviceSocket *>(priv);
-  ctx_.claims = reinterpret_cast<uint32_t *>(priv + sockets_bytes);
-  ctx_.ticket = reinterpret_cast<unsigned long long *>(priv + sockets_bytes + claims_bytes);
-  ctx_.consumed_seen = reinterpret_cast<unsigned long long *>(priv + sockets_bytes + claims_bytes + counters_bytes);
-  ctx_.claim_cursor = reinterpret_cast<uint32_t *>(priv + sockets_bytes + claims_bytes + 2 * counters_bytes);
-  ctx_.rbufs = static_cast<uint8_t *>(rbuf_mem_.device);
-  ctx_.sbufs = static_cast<uint8_t *>(sbuf_mem_.device);
-  ctx_.rbuf_size = options_.rbuf_size;
-  ctx_.sbuf_size = options_.sbuf_size;
-  ctx_.max_sockets = options_.max_sockets;
-  ctx_.buffer_sets = sets;
-  const char *inline_env = std::getenv("GPUSOCK_GPU_INLINE");
-  if (inline_env && *inline_env) options_.inline_messages = static_cast<uint32_t>(std::atoi(inline_env));
+// Every option that has a default decided at start, and sizes the channel can hold.
+void Proxy::Impl::settle_options() {
+  options_.max_sockets = std::max<uint32_t>(options_.max_sockets, 1);
+  if (options_.listener_poll_us < 0)
+    options_.listener_poll_us = static_cast<int>(config::get(config::Id::kProxyListenerPollUs));
+  listener_every_ = std::chrono::microseconds(options_.listener_poll_us);
+  // 64-byte aligned rings: each set starts on a line of its own.
+  options_.rbuf_size = wire::rules::receive_ring_size(options_.rbuf_size) & ~63u;
+  options_.sbuf_size = wire::rules::send_ring_size(options_.sbuf_size) & ~63u;
+  if (options_.inline_messages == ProxyOptions::kInlineDefault) options_.inline_messages = default_inline_messages();
+}
+
+// The channel's memory, as plan_channel lays it out, and both sides' views of
+// it. The rings stay in pinned host memory the GPU reads and writes (bounce
+// buffers): wire::Domain::register_memory takes host pointers only.
+gs_status_t Proxy::Impl::allocate_channel() {
+  shape_.threads = choose_threads();
+  shape_.ring_entries = round_up_pow2(std::max<uint32_t>(options_.request_entries, 2));
+  shape_.sockets = options_.max_sockets;
+  shape_.buffer_sets = options_.max_sockets + options_.spare_buffer_sets;
+  shape_.rbuf_size = options_.rbuf_size;
+  shape_.sbuf_size = options_.sbuf_size;
+  const proxy::ChannelLayout layout = proxy::plan_channel(shape_);
+  struct Allocation {
+    MemoryBlock *block;
+    MemoryKind kind;
+    size_t bytes;
+  };
+  const Allocation plan[] = {
+      {&blocks_.requests, MemoryKind::kHostMapped, layout.requests_bytes},
+      {&blocks_.status, MemoryKind::kHostMapped, layout.status_bytes},
+      {&blocks_.priv, MemoryKind::kDevice, layout.private_bytes},
+      {&blocks_.rbufs, MemoryKind::kHostMapped, layout.rbuf_bytes},
+      {&blocks_.sbufs, MemoryKind::kHostMapped, layout.sbuf_bytes},
+  };
+  for (const Allocation &a : plan)
+    if (const int rc = memory_->allocate(a.kind, a.bytes, a.block); rc < 0) return rc;
+  proxy::point_device_context(shape_, layout, blocks_, &ctx_);
   ctx_.flags = options_.inline_messages & kCtxInline;
+  host_ = proxy::point_host_channel(layout, blocks_);
+  status_.attach(host_.status, host_.inline_recv, shape_.sockets);
+  buffers_.reset(host_.rbufs, host_.sbufs, shape_.buffer_sets, shape_.rbuf_size, shape_.sbuf_size);
+  slots_.resize(shape_.sockets);
+  return 0;
+}
 
-  slots_.resize(options_.max_sockets);
-  shadows_.resize(options_.max_sockets);
-  free_buffers_.reserve(sets);
-  for (uint32_t i = sets; i-- > 0;) free_buffers_.push_back(i);
-
+void Proxy::Impl::describe_placement(const std::string &device_memory) {
   char line[512];
   std::snprintf(line, sizeof line,
-                "gpusock proxy: transport %s, memory %s: socket rings in %s (%s); %u sockets, %u buffer sets of "
-                "%u+%u B, %u request entries per proxy thread",
-                domain_->caps().name, memory_->name(),
-                device_rings ? "GPU memory" : "pinned host memory the GPU reads and writes (bounce buffers)",
-                why.c_str(), options_.max_sockets, sets, options_.rbuf_size, options_.sbuf_size, entries);
+                "transport %s, memory %s: socket rings in pinned host memory the GPU reads and writes (bounce "
+                "buffers; %s); %u sockets, %u buffer sets of %u+%u B, %u request entries per proxy thread",
+                domain_->caps().name, memory_->name(), device_memory.c_str(), shape_.sockets, shape_.buffer_sets,
+                shape_.rbuf_size, shape_.sbuf_size, shape_.ring_entries);
   placement_ = line;
+}
 
-  started_ = true;
-  for (uint32_t i = 0; i < threads; ++i) workers_.push_back(std::make_unique<Worker>(i));
+void Proxy::Impl::start_threads(const cpu_set_t *cpus) {
+  for (uint32_t i = 0; i < shape_.threads; ++i) workers_.push_back(std::make_unique<Worker>(i));
   int pin = 0;
   for (auto &w : workers_) {
     Worker *worker = w.get();
@@ -179,22 +164,27 @@ gs_status_t Proxy::Impl::start(const ProxyOptions &options_in, MemoryResource *m
       wire::spin_lock_keep_core();  // the threads waiting on it are the ones it feeds
       loop(*worker);
     });
-    // Named so that top -H, perf and gdb tell the proxy's threads apart (15 characters at most).
+    // Named so that top -H and gdb tell the proxy's threads apart (15 characters at most).
     char name[16];
     std::snprintf(name, sizeof name, "gs-proxy-%u", worker->id);
     (void)pthread_setname_np(w->thread.native_handle(), name);
     // Near its GPU: the proxy threads poll memory the GPU writes across PCIe.
-    if (!options_.cpus.empty())
-      if (const int rc = pthread_setaffinity_np(w->thread.native_handle(), sizeof cpus, &cpus); rc != 0) pin = rc;
+    if (cpus)
+      if (const int rc = pthread_setaffinity_np(w->thread.native_handle(), sizeof *cpus, cpus); rc != 0) pin = rc;
   }
+  const uint32_t threads = shape_.threads;
   const std::string threads_word = threads == 1 ? "proxy thread" : std::to_string(threads) + " proxy threads";
-  if (!options_.cpus.empty())
-    placement_ += pin == 0 ? "; " + threads_word + " on CPUs " + options_.cpus
-                           : "; " + threads_word + " not pinned to CPUs " + options_.cpus + " (" + std::strerror(pin) + ")";
-  else if (threads > 1)
-    placement_ += "; " + threads_word + " (socket i on thread i % " + std::to_string(threads) + ")";
-  if (!options_.quiet) std::fprintf(stderr, "%s\n", placement_.c_str());
-  return 0;
+  if (cpus)
+    placement_ += pin == 0
+                      ? "; " + threads_word + " on CPUs " + options_.cpus
+                      : "; " + threads_word + " not pinned to CPUs " + options_.cpus + " (" + std::strerror(pin) + ")";
+  else if (threads > 1) placement_ += "; " + threads_word + " (socket i on thread i % " + std::to_string(threads) + ")";
+}
+
+int host_backend_gpus() { return static_cast<int>(config::get(config::Id::kHostGpus)); }
+
+uint32_t default_inline_messages() {
+  return static_cast<uint32_t>(config::get_or(config::Id::kGpuInline, channel::kCtxInlineRecv));
 }
 
 // ProxyOptions::threads, else GPUSOCK_PROXY_THREADS, else one; never more
@@ -202,8 +192,7 @@ gs_status_t Proxy::Impl::start(const ProxyOptions &options_in, MemoryResource *m
 uint32_t Proxy::Impl::choose_threads() const {
   long n = options_.threads;
   if (n == 0) {
-    const char *env = std::getenv("GPUSOCK_PROXY_THREADS");
-    n = env && *env ? std::strtol(env, nullptr, 10) : 1;
+    n = config::get(config::Id::kProxyThreads);
   }
   return static_cast<uint32_t>(std::clamp<long>(n, 1, std::min<long>(options_.max_sockets, 64)));
 }
@@ -224,7 +213,7 @@ std::string Proxy::Impl::probe_device_memory() {
 
 void Proxy::Impl::stop() {
   if (!workers_.empty() && workers_[0]->thread.joinable()) {
-    if (shared_) publish(&shared_->stop, 1u);
+    if (host_.shared) publish(&host_.shared->stop, 1u);
     stopping_.store(true);
     for (auto &w : workers_)
       if (w->thread.joinable()) w->thread.join();
@@ -233,8 +222,9 @@ void Proxy::Impl::stop() {
   started_ = false;
   slots_.clear();
   // workers_ stays (joined): stats() and kernel_exited() may still read it.
-  for (MemoryBlock *b : {&requests_mem_, &status_mem_, &private_mem_, &rbuf_mem_, &sbuf_mem_})
+  for (MemoryBlock *b : {&blocks_.requests, &blocks_.status, &blocks_.priv, &blocks_.rbufs, &blocks_.sbufs})
     if (b->size && memory_) memory_->release(b);
+  host_ = proxy::HostChannel{};
   domain_.reset();
 }
 
@@ -259,6 +249,7 @@ void Proxy::stop() {
   if (impl_) impl_->stop();
 }
 const std::string &Proxy::placement() const { return impl_->placement_; }
+uint32_t Proxy::threads() const { return static_cast<uint32_t>(impl_->workers()); }
 
 ProxyStats Proxy::Impl::totals() const {
   ProxyStats s;

@@ -1,5 +1,8 @@
 // Inside the proxy (proxy.cc, requests.cc, progress.cc, workers.cc): its
-// threads' state and what their passes do. Not a public header.
+// threads' state and what their passes do. Not a public header. The parts it
+// is built from have their own files and tests: the channel's layout
+// (channel_layout.h), the buffer sets (buffer_pool.h), the status lines
+// (status_publisher.h), one connection (connection.h).
 //
 // The sockets are sharded: slot i belongs to thread i % threads, which alone
 // touches its Slot, its connection and its status line, and which alone reads
@@ -10,9 +13,14 @@
 // the shared pools and a kernel's exit). proxy.cc: start, stop, the facade.
 #pragma once
 
+#include "proxy/buffer_pool.h"
+#include "proxy/channel_layout.h"
 #include "proxy/connection.h"
+#include "proxy/status_publisher.h"
 
 #include <gpusock/proxy.h>
+
+#include <sched.h>
 
 #include <atomic>
 #include <cstdint>
@@ -30,12 +38,7 @@ using proxy::BufferSet;
 using proxy::Clock;
 using proxy::Connection;
 using proxy::DriverState;
-
-// A store the GPU polls: release, so what it publishes is visible first.
-template <class T>
-void publish(T *field, T value) {
-  __atomic_store_n(field, value, __ATOMIC_RELEASE);
-}
+using proxy::publish;
 
 // A listening GPU socket: handshakes in flight and established connections
 // waiting for gaccept. Both hold buffer sets, so the peer can send at once.
@@ -50,8 +53,7 @@ struct ListenerState {
   std::atomic<uint32_t> queued{0};  // queue.size(), for the owner's status line
 };
 
-// Cache-line aligned, as Impl::Shadow: neighbouring slots may belong to
-// different threads.
+// Cache-line aligned: neighbouring slots may belong to different threads.
 struct alignas(64) Slot {
   uint32_t gen = 0;  // the socket generation adopted (== releases when free)
   bool in_use = false;
@@ -81,7 +83,7 @@ struct Worker {
   std::vector<std::unique_ptr<Connection>> closing;
   Clock::time_point next_listener_poll{};
   bool poll_listeners = true;  // this pass
-  uint64_t head = 0;            // the next ticket expected on this thread's request ring
+  uint64_t head = 0;           // the next ticket expected on this thread's request ring
   // kernel_exited(): the orphan call this thread answered last, and how many
   // of its slots it closed for it.
   alignas(64) std::atomic<uint64_t> orphans_answered{0};
@@ -94,37 +96,44 @@ class Proxy::Impl {
   ~Impl() { stop(); }
   gs_status_t start(const ProxyOptions &options, MemoryResource *memory);
   void stop();
-  void request_kernel_stop() { publish(&shared_->stop, 1u); }
+  void request_kernel_stop() {
+    if (host_.shared) publish(&host_.shared->stop, 1u);  // nothing to tell once stopped
+  }
 
   DeviceContext ctx_{};
   std::string placement_;
   std::atomic<uint64_t> stat_orphans_{0}, stat_passes_{0};  // thread 0's
   ProxyStats totals() const;
+  size_t workers() const { return workers_.size(); }
   int kernel_exited(int grid_status);
 
  private:
-  struct alignas(64) Shadow {  // what publish_slot last wrote, per slot (its owner's)
-    uint64_t recv_write = 0, send_done = 0;
-    uint32_t state = 0, buffer = 0, accept_queued = 0;
-    int32_t error = 0, send_error = 0;
-  };
-
-  Worker &owner(uint32_t slot) { return *workers_[slot % workers_.size()]; }
-  void loop(Worker &w);
+  Worker &owner(uint32_t slot) { return *workers_[proxy_thread_of(slot, uint32_t(workers_.size()))]; }
+  // start()
+  void settle_options();
+  gs_status_t allocate_channel();
+  void start_threads(const cpu_set_t *cpus);
+  void describe_placement(const std::string &device_memory);
+  void loop(Worker &w);  // workers.cc
+  // requests.cc
   bool drain_requests(Worker &w);
   void handle(Worker &w, const Request &r);
+  void apply_positions(Worker &w, uint32_t index, const Request &r);
+  int bind(Slot &s, const Request &r);
+  int listen(Worker &w, uint32_t index, const Request &r);
+  int connect(Worker &w, uint32_t index, const Request &r);
   int accept_into(Worker &w, uint32_t index, uint32_t listener_slot, uint32_t listener_gen);
-  void complete(uint32_t slot, const Request &r, int result);
+  // progress.cc
   bool progress_active(Worker &w);
   bool progress_listener(Worker &w, uint32_t index, Slot &slot);
+  bool progress_handshakes(Worker &w, ListenerState &ls);
+  bool take_new_requests(Worker &w, ListenerState &ls);
   bool progress_closing(Worker &w);
   void publish_slot(uint32_t index);
   void release_slot(Worker &w, uint32_t index, bool abort = false);
   void close_orphans();
   int close_own_orphans(Worker &w, bool abort);
   void activate(Worker &w, uint32_t index);
-  int take_buffer_set(BufferSet *out);
-  void return_buffer_set(const BufferSet &set);
   void retire(Worker &w, std::unique_ptr<Connection> conn);
   void close_everything();
   std::string probe_device_memory();
@@ -133,18 +142,13 @@ class Proxy::Impl {
   ProxyOptions options_;
   MemoryResource *memory_ = nullptr;
   std::unique_ptr<wire::Domain> domain_;
-  MemoryBlock requests_mem_{}, status_mem_{}, private_mem_{}, rbuf_mem_{}, sbuf_mem_{};
-  Request *requests_ = nullptr;  // host view
-  ProxyShared *shared_ = nullptr;
-  SocketStatus *status_ = nullptr;
-  InlineRecv *inline_recv_ = nullptr;  // per slot, after status_
-  uint8_t *rbuf_reg_ = nullptr;        // what the transport registers
-  uint8_t *sbuf_reg_ = nullptr;
+  proxy::ChannelShape shape_;
+  proxy::ChannelBlocks blocks_;
+  proxy::HostChannel host_;  // the proxy's view of the channel
+  proxy::StatusPublisher status_;
+  proxy::BufferPool buffers_;
   std::vector<Slot> slots_;
-  std::vector<Shadow> shadows_;
   std::vector<std::unique_ptr<Worker>> workers_;
-  std::mutex buffers_mu_;  // free_buffers_
-  std::vector<uint32_t> free_buffers_;
   std::mutex listeners_mu_;  // every Slot::listener pointer and ListenerState::queue
   std::atomic<bool> stopping_{false};
   bool started_ = false;

@@ -2,6 +2,7 @@
 // request applied to its slot (bind, listen, connect, accept, shutdown, close,
 // data positions), control requests answered in the same pass.
 #include "proxy/proxy_impl.h"
+#include "wire/socket_rules.h"
 
 #include <netinet/in.h>
 
@@ -10,16 +11,29 @@
 
 namespace gpusock {
 
+namespace {
+
+// The address of a bind or connect request, as the socket rules accept it:
+// never more than the second line's bytes, whatever addr_len a faulty kernel
+// wrote.
+int request_address(const Request &r, const sockaddr **addr, socklen_t *len) {
+  if (r.addr_len > kMaxAddrLen) return -EINVAL;
+  *addr = reinterpret_cast<const sockaddr *>(r.addr);
+  *len = r.addr_len;
+  return wire::rules::check_address(*addr, *len, AF_UNSPEC);
+}
+
+}  // namespace
+
 // This thread's request ring (the GPU posts a socket's requests on ring
 // slot % threads), drained in order and applied. True if it took any.
 bool Proxy::Impl::drain_requests(Worker &w) {
   const uint32_t mask = ctx_.request_mask;
-  Request *const ring = requests_ + size_t(w.id) * (mask + 1);
+  Request *const ring = host_.requests + size_t(w.id) * (mask + 1);
   // The ring is full when even the last entry of this lap is published:
   // producers are waiting for room (back-pressure on the GPU).
   const Request *last = ring + ((w.head + mask) & mask);
-  if (__atomic_load_n(&last->seq, __ATOMIC_ACQUIRE) == w.head + mask + 1)
-    bump(w.stats.full_laps);
+  if (__atomic_load_n(&last->seq, __ATOMIC_ACQUIRE) == w.head + mask + 1) bump(w.stats.full_laps);
   const uint32_t threads = static_cast<uint32_t>(workers_.size());
   uint64_t taken = 0;
   for (;;) {
@@ -37,20 +51,13 @@ bool Proxy::Impl::drain_requests(Worker &w) {
     ++taken;
     // Another thread's socket on this ring is not ours to touch: dropped, as
     // a request for no socket is.
-    if (r.slot % threads == w.id) handle(w, r);
+    if (proxy_thread_of(r.slot, threads) == w.id) handle(w, r);
     if (taken == mask + 1) break;  // one lap at a time: the network moves in between
   }
   if (taken == 0) return false;
   bump(w.stats.requests, taken);
-  publish(&shared_[w.id].consumed, w.head);
+  publish(&host_.shared[w.id].consumed, w.head);
   return true;
-}
-
-// ctrl_done and ctrl_result share one aligned 8-byte word: one store, so the GPU
-// reads both with one load and needs no fence between them.
-void Proxy::Impl::complete(uint32_t slot, const Request &r, int result) {
-  const uint64_t word = uint64_t(r.ctrl_seq) | (uint64_t(static_cast<uint32_t>(result)) << 32);
-  publish(reinterpret_cast<uint64_t *>(&status_[slot].ctrl_done), word);
 }
 
 void Proxy::Impl::activate(Worker &w, uint32_t index) {
@@ -74,108 +81,103 @@ void Proxy::Impl::handle(Worker &w, const Request &r) {
   }
   if (!s.in_use) return;  // a late call on a socket that was closed meanwhile
   const uint32_t index = r.slot;
-  // Every request carries the GPU's ring positions: apply them first, so a
-  // shutdown or close never overtakes bytes the GPU has already handed over.
-  // An inline payload goes into the send ring first: it is what send_tail adds.
-  if (s.conn && r.op == kOpDataInline) {
-    s.conn->write_inline_send(r.send_tail, r.payload, static_cast<uint32_t>(r.arg0));
-    bump(w.stats.inline_sends);
-  }
-  if (s.conn && r.op != kOpAccept) {
-    if ((r.op == kOpData || r.op == kOpDataInline) && r.send_tail > 0) {
-      if (const uint64_t ns = s.conn->turnaround_ns(Clock::now())) {
-        bump(w.stats.turnaround_ns, ns);
-        bump(w.stats.turnarounds);
-      }
-    }
-    s.conn->apply_gpu_positions(r.send_tail, r.recv_read);
-    activate(w, index);
-  }
+  apply_positions(w, index, r);
   switch (r.op) {
     case kOpNop:
-      complete(index, r, 0);
-      return;
+      return status_.complete(index, r.ctrl_seq, 0);
     case kOpData:
     case kOpDataInline:
       return;  // positions (and payload) applied above
-    case kOpBind: {
-      int rc = 0;
-      if (s.listener || s.conn || s.addr_len) rc = -EINVAL;
-      else if (r.addr_len < sizeof(sa_family_t)) rc = -EINVAL;
-      else {
-        sa_family_t family;
-        std::memcpy(&family, r.addr, sizeof family);
-        if (family == AF_INET && r.addr_len < sizeof(sockaddr_in)) rc = -EINVAL;
-        else if (family == AF_INET6 && r.addr_len < sizeof(sockaddr_in6)) rc = -EINVAL;
-        else if (family != AF_INET && family != AF_INET6) rc = -EAFNOSUPPORT;
-      }
-      if (rc == 0) {
-        std::memcpy(&s.addr, r.addr, r.addr_len);
-        s.addr_len = r.addr_len;
-      }
-      complete(index, r, rc);
-      return;
-    }
-    case kOpListen: {
-      int rc = 0;
-      if (s.conn) rc = -EINVAL;
-      else if (!s.listener) {
-        if (s.addr_len == 0) {  // like TCP: listen on an unbound socket picks any port
-          s.addr = sockaddr_storage{};
-          s.addr.ss_family = AF_INET;
-          s.addr_len = sizeof(sockaddr_in);
-        }
-        auto ls = std::make_unique<ListenerState>();
-        ls->backlog = std::clamp(r.arg0 <= 0 ? 1 : r.arg0, 1, 4096);
-        ls->gen = s.gen;
-        rc = domain_->listen(reinterpret_cast<sockaddr *>(&s.addr), s.addr_len, ls->backlog, &ls->listener);
-        if (rc == 0) {
-          std::lock_guard<std::mutex> lock(listeners_mu_);
-          s.listener = std::move(ls);
-          activate(w, index);
-          publish_slot(index);
-        }
-      }
-      complete(index, r, rc);
-      return;
-    }
-    case kOpConnect: {
-      int rc = 0;
-      BufferSet set;
-      if (s.conn || s.listener) rc = s.conn ? -EISCONN : -EINVAL;
-      else rc = take_buffer_set(&set);
-      if (rc == 0) {
-        auto conn = std::make_unique<Connection>(domain_.get(), set);
-        rc = conn->connect(reinterpret_cast<const sockaddr *>(r.addr), r.addr_len);
-        if (rc == 0) {
-          s.conn = std::move(conn);
-          activate(w, index);
-          publish(&status_[index].buffer, set.index);
-          shadows_[index].buffer = set.index;
-        } else {
-          conn.reset();
-          return_buffer_set(set);
-        }
-      }
-      complete(index, r, rc);
-      return;
-    }
+    case kOpBind:
+      return status_.complete(index, r.ctrl_seq, bind(s, r));
+    case kOpListen:
+      return status_.complete(index, r.ctrl_seq, listen(w, index, r));
+    case kOpConnect:
+      return status_.complete(index, r.ctrl_seq, connect(w, index, r));
     case kOpAccept:
-      complete(index, r, accept_into(w, index, static_cast<uint32_t>(r.arg0), static_cast<uint32_t>(r.arg1)));
-      return;
+      return status_.complete(index, r.ctrl_seq,
+                              accept_into(w, index, static_cast<uint32_t>(r.arg0), static_cast<uint32_t>(r.arg1)));
     case kOpShutdown: {
       const int rc = s.conn ? s.conn->shutdown(r.arg0) : -ENOTCONN;
       if (s.conn) publish_slot(index);
-      complete(index, r, rc);
-      return;
+      return status_.complete(index, r.ctrl_seq, rc);
     }
     case kOpClose:
-      release_slot(w, index);
-      return;
+      return release_slot(w, index);
     default:
-      complete(index, r, -EINVAL);
-      return;
+      return status_.complete(index, r.ctrl_seq, -EINVAL);
   }
+}
+
+// Every request carries the GPU's ring positions: applied first, so a shutdown
+// or close never overtakes bytes the GPU has already handed over. An inline
+// payload goes into the send ring before: it is what send_tail adds.
+void Proxy::Impl::apply_positions(Worker &w, uint32_t index, const Request &r) {
+  Connection *conn = slots_[index].conn.get();
+  if (!conn || r.op == kOpAccept) return;
+  if (r.op == kOpDataInline) {
+    conn->write_inline_send(r.send_tail, r.payload, static_cast<uint32_t>(r.arg0));
+    bump(w.stats.inline_sends);
+  }
+  if ((r.op == kOpData || r.op == kOpDataInline) && r.send_tail > 0) {
+    if (const uint64_t ns = conn->turnaround_ns(Clock::now())) {
+      bump(w.stats.turnaround_ns, ns);
+      bump(w.stats.turnarounds);
+    }
+  }
+  conn->apply_gpu_positions(r.send_tail, r.recv_read);
+  activate(w, index);
+}
+
+int Proxy::Impl::bind(Slot &s, const Request &r) {
+  if (s.listener || s.conn || s.addr_len) return -EINVAL;
+  const sockaddr *addr;
+  socklen_t len;
+  if (const int rc = request_address(r, &addr, &len); rc < 0) return rc;
+  std::memcpy(&s.addr, addr, len);
+  s.addr_len = len;
+  return 0;
+}
+
+int Proxy::Impl::listen(Worker &w, uint32_t index, const Request &r) {
+  Slot &s = slots_[index];
+  if (s.conn) return -EINVAL;
+  if (s.listener) return 0;
+  if (s.addr_len == 0) s.addr_len = wire::rules::any_address(AF_INET, &s.addr);
+  auto ls = std::make_unique<ListenerState>();
+  ls->backlog = wire::rules::clamp_backlog(r.arg0);
+  ls->gen = s.gen;
+  const int rc = domain_->listen(reinterpret_cast<sockaddr *>(&s.addr), s.addr_len, ls->backlog, &ls->listener);
+  if (rc < 0) return rc;
+  {
+    std::lock_guard<std::mutex> lock(listeners_mu_);
+    s.listener = std::move(ls);
+  }
+  activate(w, index);
+  publish_slot(index);
+  return 0;
+}
+
+int Proxy::Impl::connect(Worker &w, uint32_t index, const Request &r) {
+  Slot &s = slots_[index];
+  if (s.conn) return -EISCONN;
+  if (s.listener) return -EINVAL;
+  const sockaddr *addr;
+  socklen_t len;
+  if (const int rc = request_address(r, &addr, &len); rc < 0) return rc;
+  BufferSet set;
+  if (const int rc = buffers_.take(&set); rc < 0) return rc;
+  auto conn = std::make_unique<Connection>(domain_.get(), set);
+  if (const int rc = conn->connect(addr, len); rc < 0) {
+    conn.reset();  // deregisters before the rings go back
+    buffers_.give_back(set);
+    return rc;
+  }
+  s.conn = std::move(conn);
+  activate(w, index);
+  status_.forget_buffer(index);
+  publish_slot(index);
+  return 0;
 }
 
 // gaccept into slot `index` (this thread's) from the listener of another
@@ -195,7 +197,7 @@ int Proxy::Impl::accept_into(Worker &w, uint32_t index, uint32_t listener_slot, 
     ls->queued.store(static_cast<uint32_t>(ls->queue.size()), std::memory_order_relaxed);
   }
   activate(w, index);
-  shadows_[index].buffer = ~0u;  // force the buffer index out
+  status_.forget_buffer(index);
   publish_slot(index);
   if (&owner(listener_slot) == &w) publish_slot(listener_slot);
   return 0;
@@ -222,22 +224,7 @@ void Proxy::Impl::release_slot(Worker &w, uint32_t index, bool abort) {
   s.addr_len = 0;
   s.addr = sockaddr_storage{};
   s.in_use = false;
-  SocketStatus &st = status_[index];
-  // The next socket on this slot starts at ring position 0 again: an inline
-  // record left from this one would pass its check (zeros never do).
-  uint64_t *inline_words = reinterpret_cast<uint64_t *>(&inline_recv_[index]);
-  for (size_t i = 0; i < sizeof(InlineRecv) / 8; ++i) __atomic_store_n(inline_words + i, uint64_t(0), __ATOMIC_RELAXED);
-  publish(&st.state, 0u);
-  publish(&st.recv_write, uint64_t(0));
-  publish(&st.send_done, uint64_t(0));
-  publish(&st.ctrl_done, 0u);
-  publish(&st.ctrl_result, 0);
-  publish(&st.buffer, 0u);
-  publish(&st.accept_queued, 0u);
-  publish(&st.error, 0);
-  publish(&st.send_error, 0);
-  shadows_[index] = Shadow{};
-  publish(&st.releases, s.gen);  // last: the GPU may claim the slot now
+  status_.release(index, s.gen);
 }
 
 }  // namespace gpusock

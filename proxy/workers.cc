@@ -1,6 +1,6 @@
-// The proxy's threads: each one's loop, the pools they share (buffer sets),
-// closing connections, a kernel's exit and the flush at stop.
+// The proxy's threads: each one's loop, closing connections, a kernel's exit and the flush at stop.
 #include "proxy/proxy_impl.h"
+#include "wire/log.h"
 
 #include <time.h>
 
@@ -53,7 +53,7 @@ bool Proxy::Impl::progress_closing(Worker &w) {
     if (w.closing[i]->close_finished()) {
       const BufferSet set = w.closing[i]->buffers();
       w.closing[i].reset();  // disconnects and deregisters before the rings are reused
-      return_buffer_set(set);
+      buffers_.give_back(set);
       w.closing[i] = std::move(w.closing.back());
       w.closing.pop_back();
       did = true;
@@ -68,27 +68,6 @@ void Proxy::Impl::retire(Worker &w, std::unique_ptr<Connection> conn) {
   if (!conn) return;
   conn->begin_close(Clock::now() + std::chrono::milliseconds(options_.close_flush_ms));
   w.closing.push_back(std::move(conn));
-}
-
-int Proxy::Impl::take_buffer_set(BufferSet *out) {
-  uint32_t i;
-  {
-    std::lock_guard<std::mutex> lock(buffers_mu_);
-    if (free_buffers_.empty()) return -ENOBUFS;
-    i = free_buffers_.back();
-    free_buffers_.pop_back();
-  }
-  out->index = i;
-  out->rbuf = rbuf_reg_ + size_t(i) * options_.rbuf_size;
-  out->sbuf = sbuf_reg_ + size_t(i) * options_.sbuf_size;
-  out->rbuf_size = options_.rbuf_size;
-  out->sbuf_size = options_.sbuf_size;
-  return 0;
-}
-
-void Proxy::Impl::return_buffer_set(const BufferSet &set) {
-  std::lock_guard<std::mutex> lock(buffers_mu_);
-  free_buffers_.push_back(set.index);
 }
 
 // The kernel is gone: whatever it published is taken first (its last data and
@@ -108,8 +87,8 @@ void Proxy::Impl::close_orphans() {
   }
   if (closed > 0) {
     stat_orphans_.fetch_add(static_cast<uint64_t>(closed), std::memory_order_relaxed);
-    std::fprintf(stderr, "gpusock proxy: the kernel %s with %d socket%s open: %s\n", abort ? "failed" : "returned",
-                 closed, closed == 1 ? "" : "s", abort ? "reset them" : "flushing and closing them");
+    log::write(log::kWarn, "proxy", "the kernel %s with %d socket%s open: %s", abort ? "failed" : "returned", closed,
+               closed == 1 ? "" : "s", abort ? "reset them" : "flushing and closing them");
   }
   orphan_result_.store(closed, std::memory_order_relaxed);
   orphan_answered_.store(asked, std::memory_order_release);
@@ -119,8 +98,8 @@ void Proxy::Impl::close_orphans() {
 int Proxy::Impl::close_own_orphans(Worker &w, bool abort) {
   while (drain_requests(w)) {}
   int closed = 0;
-  for (uint32_t i = w.id; i < slots_.size(); i += static_cast<uint32_t>(workers_.size())) {
-    if (!slots_[i].in_use) continue;
+  for (uint32_t i = 0; i < slots_.size(); ++i) {
+    if (&owner(i) != &w || !slots_[i].in_use) continue;
     release_slot(w, i, abort);
     ++closed;
   }

@@ -16,7 +16,7 @@ GS_BUILD_PACKAGES=(cmake ninja-build g++ pkg-config libfabric-dev libfabric-bin 
 # clients they are used with.
 GS_COMPAT_PACKAGES=(nginx-light apache2 apache2-utils redis-server redis-tools postgresql mosquitto
                     mosquitto-clients curl wget python3 iproute2)
-GS_TEST_PACKAGES=("${GS_BUILD_PACKAGES[@]}" clang libclang-rt-14-dev memcached libmemcached-tools iperf3
+GS_TEST_PACKAGES=("${GS_BUILD_PACKAGES[@]}" clang libclang-rt-14-dev clang-format-14 memcached libmemcached-tools iperf3
                   "${GS_COMPAT_PACKAGES[@]}")
 
 gs_section() {

@@ -1,20 +1,76 @@
 // What a process holds, counted from /proc and /dev/shm: open fds, threads,
-// /dev/shm entries (every process's, shm regions and bells) and resident
-// memory. Soak and fault tests take a baseline, run, and check that the
+// its own /dev/shm entries (shm regions, bells, hint boards, rendezvous files
+// of its listeners) and resident memory. Soak and fault tests take a baseline, run, and check that the
 // counts came back to it (closes finish in the background, so they wait).
 #pragma once
 
 #include <dirent.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <iterator>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "test-support/timing.h"
 
 namespace gpusock::test {
+
+// Lifts this process's soft limit on open descriptors to the hard one: tests
+// and benchmarks with hundreds of connections (fabric:tcp takes several
+// descriptors a connection) must not stop at a shell's default of 1,024.
+inline void raise_fd_limit() {
+  rlimit files{};
+  if (getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
+    files.rlim_cur = files.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &files);
+  }
+}
+
+// CPU time of a process or thread from a /proc stat file, in clock ticks
+// (proc(5) fields 14 and 15), and its comm.
+struct StatTicks {
+  std::string comm;
+  long utime = 0, stime = 0;
+};
+inline bool read_stat_ticks(const std::string &path, StatTicks *out) {
+  std::ifstream f(path);
+  const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const size_t open = text.find('('), close = text.rfind(')');
+  if (open == std::string::npos || close == std::string::npos) return false;
+  out->comm = text.substr(open + 1, close - open - 1);
+  std::istringstream rest(text.substr(close + 1));
+  std::string field;
+  for (int i = 3; i <= 15 && rest >> field; ++i) {
+    if (i == 14) out->utime = std::atol(field.c_str());
+    if (i == 15) out->stime = std::atol(field.c_str());
+  }
+  return true;
+}
+
+// Every thread of process `pid` ("self" for this one): its id and ticks.
+struct ThreadTicks : StatTicks {
+  long tid = 0;
+};
+inline std::vector<ThreadTicks> thread_ticks(const std::string &pid = "self") {
+  std::vector<ThreadTicks> out;
+  const std::string dir = "/proc/" + pid + "/task/";
+  DIR *tasks = opendir(dir.c_str());
+  if (!tasks) return out;
+  while (const dirent *e = readdir(tasks)) {
+    if (e->d_name[0] == '.') continue;
+    ThreadTicks t;
+    t.tid = std::atol(e->d_name);
+    if (read_stat_ticks(dir + e->d_name + "/stat", &t)) out.push_back(std::move(t));
+  }
+  closedir(tasks);
+  return out;
+}
 
 // Entries of a folder, "." and ".." not counted; -1 if it cannot be read.
 inline int count_entries(const char *dir) {
@@ -23,6 +79,30 @@ inline int count_entries(const char *dir) {
   int n = 0;
   while (const dirent *e = readdir(d))
     if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) ++n;
+  closedir(d);
+  return n;
+}
+
+// The /dev/shm entries of this process: those named after one of its endpoints
+// (gpusock-ep-<pid>-..., and shm's own files derived from such a name) and
+// rendezvous files whose content names one. /dev/shm is shared with every test
+// that runs beside this one, so only what this process made is counted.
+inline int count_own_shm_entries() {
+  const std::string own = "gpusock-ep-" + std::to_string(getpid()) + "-";
+  DIR *d = opendir("/dev/shm");
+  if (!d) return -1;
+  int n = 0;
+  while (const dirent *e = readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.rfind(own, 0) == 0) {
+      ++n;
+    } else if (name.rfind("gpusock-", 0) == 0 && name.rfind("gpusock-ep-", 0) != 0) {
+      std::ifstream f("/dev/shm/" + name);
+      char head[512] = {};
+      f.read(head, sizeof head - 1);
+      if (std::string(head, static_cast<size_t>(f.gcount())).find(own) != std::string::npos) ++n;
+    }
+  }
   closedir(d);
   return n;
 }
@@ -68,7 +148,7 @@ inline std::string fd_targets(int *count) {
 struct Resources {
   int fds = 0;      // open fds of this process (the listing's own dir fd excluded)
   int threads = 0;  // threads of this process
-  int shm = 0;      // entries in /dev/shm
+  int shm = 0;      // this process's entries in /dev/shm
   long rss_kib = 0;
   std::string fd_list;  // what those fds are, from the same listing
 
@@ -76,7 +156,7 @@ struct Resources {
     Resources r;
     r.fd_list = fd_targets(&r.fds);
     r.threads = count_entries("/proc/self/task");
-    r.shm = count_entries("/dev/shm");
+    r.shm = count_own_shm_entries();
     r.rss_kib = proc_status_value("VmRSS");
     return r;
   }

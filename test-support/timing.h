@@ -1,6 +1,9 @@
-// Clocks for tests and benchmarks: how long something took (Stopwatch) and
-// whether a time limit has passed (Deadline). Both on the steady clock.
+// Clocks for tests and benchmarks: how long something took (Stopwatch),
+// whether a time limit has passed (Deadline), polling a condition until one
+// does (wait_until). All on the steady clock.
 #pragma once
+
+#include <unistd.h>
 
 #include <chrono>
 
@@ -32,5 +35,16 @@ class Deadline {
  private:
   Clock::time_point end_;
 };
+
+// Polls pred every millisecond until it holds (true) or ms pass (false).
+template <class Pred>
+bool wait_until(Pred pred, int ms) {
+  const Deadline deadline(ms / 1000.0);
+  while (!pred()) {
+    if (deadline.passed()) return false;
+    usleep(1000);
+  }
+  return true;
+}
 
 }  // namespace gpusock::test

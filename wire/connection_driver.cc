@@ -153,8 +153,7 @@ bool ConnectionDriver::progress(int quiet_fd) {
       // maybe_ready: a few loads, so hundreds of idle connections cost a
       // pass (the proxy's) next to nothing.
       bool did = false;
-      const bool fd_quiet =
-          quiet_fd >= 0 && endpoint_->wait_fd() == quiet_fd && endpoint_->quiet_unless_fd_readable();
+      const bool fd_quiet = quiet_fd >= 0 && endpoint_->wait_fd() == quiet_fd && endpoint_->quiet_unless_fd_readable();
       if (!fd_quiet && endpoint_->maybe_ready()) {
         did = poll_completions();
         did |= poll_cm();

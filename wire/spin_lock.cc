@@ -22,6 +22,9 @@
 // GPUSOCK_SPIN_LOCK_YIELD=0 keeps glibc's plain spinning.
 #include "wire/spin_lock.h"
 
+#include "wire/config.h"
+#include "wire/log.h"
+
 // ThreadSanitizer intercepts the spin lock calls itself and must see every
 // acquisition: under it the process keeps glibc's lock (and TSan's view).
 #if defined(__SANITIZE_THREAD__)
@@ -56,19 +59,8 @@ using Clock = std::chrono::steady_clock;
 std::atomic<uint64_t> g_contended{0}, g_yields{0}, g_naps{0};
 thread_local bool t_keep_core = false;
 
-inline void relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
-
 bool yield_enabled() {
-  static const bool enabled = [] {
-    const char *v = std::getenv("GPUSOCK_SPIN_LOCK_YIELD");
-    return !(v && std::strcmp(v, "0") == 0);
-  }();
+  static const bool enabled = [] { return config::get(config::Id::kSpinLockYield) != 0; }();
   return enabled;
 }
 
@@ -84,8 +76,8 @@ inline bool held(pthread_spinlock_t *lock) {
 inline bool try_take(pthread_spinlock_t *lock) {
   int expected = spin_lock_free_value();
   const int taken = expected == 1 ? 0 : 1;
-  return __atomic_compare_exchange_n(reinterpret_cast<volatile int *>(lock), &expected, taken, false,
-                                     __ATOMIC_ACQUIRE, __ATOMIC_RELAXED);
+  return __atomic_compare_exchange_n(reinterpret_cast<volatile int *>(lock), &expected, taken, false, __ATOMIC_ACQUIRE,
+                                     __ATOMIC_RELAXED);
 }
 
 // How long a waiter spins before yielding, and yields before napping: a
@@ -113,7 +105,7 @@ int yielding_spin_lock(pthread_spinlock_t *lock) {
   g_contended.fetch_add(1, std::memory_order_relaxed);
   if (t_keep_core || !yield_enabled()) {
     for (;;) {
-      while (held(lock)) relax();
+      while (held(lock)) cpu_relax();
       if (try_take(lock)) return 0;
     }
   }
@@ -121,12 +113,12 @@ int yielding_spin_lock(pthread_spinlock_t *lock) {
   for (unsigned step = 1;; ++step) {
     if (!held(lock) && try_take(lock)) return 0;
     if (step % 32 != 0) {
-      relax();
+      cpu_relax();
       continue;
     }
     const auto waited = Clock::now() - start;
     if (waited < kSpinFor) {
-      relax();
+      cpu_relax();
     } else if (waited < kYieldFor) {
       g_yields.fetch_add(1, std::memory_order_relaxed);
       sched_yield();
@@ -158,15 +150,14 @@ bool spin_lock_interposed() {
 void note_spin_lock_use() {
   static std::once_flag once;
   std::call_once(once, [] {
-    const char *level = std::getenv("GPUSOCK_LOG");
-    if (level == nullptr || *level == '\0' || std::strcmp(level, "0") == 0) return;
-    std::fprintf(stderr, "gpusock[%d]: pthread_spin_lock %s\n", static_cast<int>(getpid()),
-                 spin_lock_interposed() ? "yields to a preempted holder" : "is libc's (plain spinning)");
+    if (!log::enabled(log::kInfo)) return;
+    log::write(log::kInfo, "wait", "pthread_spin_lock %s",
+               spin_lock_interposed() ? "yields to a preempted holder" : "is libc's (plain spinning)");
     std::atexit([] {
       const SpinLockCounts c = spin_lock_counts();
-      std::fprintf(stderr, "gpusock[%d]: spin locks: %llu contended, %llu yields, %llu naps\n",
-                   static_cast<int>(getpid()), static_cast<unsigned long long>(c.contended),
-                   static_cast<unsigned long long>(c.yields), static_cast<unsigned long long>(c.naps));
+      log::write(log::kInfo, "wait", "spin locks: %llu contended, %llu yields, %llu naps",
+                 static_cast<unsigned long long>(c.contended), static_cast<unsigned long long>(c.yields),
+                 static_cast<unsigned long long>(c.naps));
     });
   });
 }

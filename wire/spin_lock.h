@@ -8,6 +8,15 @@
 
 namespace gpusock::wire {
 
+// One step of every busy wait in gpusock: the CPU's pause (spin-wait hint).
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
 // What waiting on spin locks has cost this process so far.
 struct SpinLockCounts {
   uint64_t contended;  // acquisitions that found the lock held

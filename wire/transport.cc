@@ -2,6 +2,8 @@
 // transports (and what each needs from the machine), nothing of sockets.
 #include "wire/transport.h"
 
+#include "wire/config.h"
+
 #include "wire/fabric/fabric_domain.h"
 #if GPUSOCK_HAVE_VERBS
 #include "wire/verbs/verbs_transport.h"
@@ -59,9 +61,9 @@ gs_status_t open_domain(const std::string &spec_in, std::unique_ptr<Domain> *out
   if (out == nullptr) return -EINVAL;
   std::string spec = spec_in;
   if (spec.empty()) {
-    const char *env = std::getenv("GPUSOCK_TRANSPORT");
-    if (env != nullptr && env[0] != '\0') {
-      spec = env;
+    const std::string &chosen = config::text(config::Id::kTransport);
+    if (!chosen.empty()) {
+      spec = chosen;
     } else {
       spec = (kVerbsBuilt && rdma_device_present()) ? "verbs" : "fabric:tcp";
     }

@@ -180,7 +180,9 @@ class ConnectionRequest {
 class Listener {
  public:
   virtual ~Listener() = default;
-  // Next pending request: 1 and *out set, 0 if none yet, < 0 on error.
+  // Next pending request: 1 and *out set, 0 if none yet, < 0 on error;
+  // -EMFILE or -ENFILE while a request waits that this process has no
+  // descriptor to take yet (it stays queued; the listener reads as ready).
   virtual int get_request(std::unique_ptr<ConnectionRequest> *out) = 0;
   virtual gs_status_t local_address(sockaddr_storage *out, socklen_t *len) const = 0;
   // Waiting for requests, as Endpoint's calls of the same names (for get_request()).

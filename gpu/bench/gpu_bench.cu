@@ -15,14 +15,11 @@
 //   p6_requests          gnop requests/s that the one proxy thread serves, with
 //                        --p6-blocks blocks (default: one per multiprocessor) each
 //                        driving its own socket
-//   stream_{1block,32blocks}_{gpu,cpu,ratio}  GPU blocks (a socket each) streaming
-//                        to CPU drain servers, and CPU clients with as many
-//                        connections streaming to the same servers
+// Streaming from many blocks through several proxy threads: gpu_stream.
 //
-//   gpu_bench [--host-backend] [--transport T] [--iters N] [--stream-mib M]
+//   gpu_bench [--host-backend] [--transport T] [--iters N]
 //             [--p5-mib M] [--p5-rounds R] [--p6-blocks B] [--p6-ms MS] [--threads T]
-//             [--rings BYTES] [--proxy-cpus LIST] [--proxy-threads N] [--sharded N]
-//             [--sharded-busy-poll US]
+//             [--rings BYTES] [--proxy-cpus LIST] [--proxy-threads N]
 // The CPU peers are gpu_test_peer processes beside this binary (they inherit
 // its CPU affinity: run it under taskset to keep them off the proxy's core).
 // GS_BENCH_ECHO_PEER picks the echo peer's mode for echo_rtt_64B.
@@ -119,7 +116,8 @@ struct MicroKernel {
               b = v.w;
             } else
 #endif
-            if (mode == 9) prim::load_acquire_x2(at, &a, &b);
+                if (mode == 9)
+              prim::load_acquire_x2(at, &a, &b);
             else prim::load_relaxed_x2(at, &a, &b);
             sink += a + b;
           }
@@ -307,51 +305,11 @@ struct DrainServerKernel {
   }
 };
 
-// Streaming: each block connects to a drain server, sends `per_block` bytes
-// in `chunk`-byte gsends, shuts down writing and reads the 8-byte count back.
-struct StreamKernel {
-  DeviceContext ctx;
-  int port;
-  uint8_t *data;
-  uint64_t chunk;
-  uint64_t per_block;
-  BenchResult *out;  // one per block
-  GS_HD void operator()() const {
-    for (uint64_t i = thread_rank(); i < chunk; i += block_dim()) data[i] = static_cast<uint8_t>(i * 13);
-    sync_block();
-    const int s = connect_retry(ctx, port);
-    int rc = s < 0 ? s : 0;
-    const unsigned long long t0 = now_ns();
-    uint64_t sent = 0;
-    while (rc == 0 && sent < per_block) {
-      const uint64_t n = per_block - sent < chunk ? per_block - sent : chunk;
-      const ssize_t k = gsend(ctx, s, data, n, 0, 20000);
-      if (k != static_cast<ssize_t>(n)) rc = k < 0 ? static_cast<int>(k) : -EIO;
-      sent += n;
-    }
-    if (rc == 0) rc = gshutdown(ctx, s, SHUT_WR);
-    char *count = out[block_index()].reply;  // the drain server's 8-byte count (the block's shared buffer)
-    if (rc == 0 && grecv(ctx, s, count, 8, MSG_WAITALL, 20000) != 8) rc = -EIO;
-    uint64_t got = 0;
-    memcpy(&got, count, 8);
-    if (rc == 0 && got != per_block) rc = -EIO;
-    const unsigned long long ns = now_ns() - t0;
-    if (s >= 0) gclose(ctx, s);
-    report(out + block_index(), {.error = rc, .ns = ns, .bytes = sent});
-  }
-};
-
 }  // namespace
 
 int main(int argc, char **argv) {
   bool force_host = false, micro = false;
-  int iters = 0, stream_mib = 0, p5_mib = 0, p5_rounds = 3, p6_blocks = 0, p6_ms = 1000, threads_arg = 0;
-  int sharded = -1;  // the 32-block row's second proxy: threads (-1: 12 on fabric:tcp, else none)
-  // ... and its ProxyOptions::busy_poll_us: a program's default (idle threads
-  // nap), where the first proxy spins for the latency rows. Spinning, 12 and
-  // 16 threads starved the drains of cores (H200: 0.57 and 0.18 against 0.72
-  // and 0.70 napping; 8 threads 0.63 / 0.69).
-  int sharded_busy_poll_us = ProxyOptions{}.busy_poll_us;
+  int iters = 0, p5_mib = 0, p5_rounds = 3, p6_blocks = 0, p6_ms = 1000, threads_arg = 0;
   uint32_t rings = ProxyOptions{}.rbuf_size;  // what a GPU program gets; the CPU peers keep theirs (128 KiB)
   ProxyOptions options;
   for (int i = 1; i < argc; ++i) {
@@ -360,7 +318,6 @@ int main(int argc, char **argv) {
     if (a == "--host-backend") force_host = true;
     else if (a == "--transport") options.transport = next();
     else if (a == "--iters") iters = std::atoi(next());
-    else if (a == "--stream-mib") stream_mib = std::atoi(next());
     else if (a == "--p5-mib") p5_mib = std::atoi(next());
     else if (a == "--p5-rounds") p5_rounds = std::max(1, std::atoi(next()));
     else if (a == "--p6-blocks") p6_blocks = std::atoi(next());
@@ -370,20 +327,18 @@ int main(int argc, char **argv) {
     else if (a == "--micro") micro = true;
     else if (a == "--proxy-cpus") options.cpus = next();
     else if (a == "--proxy-threads") options.threads = static_cast<uint32_t>(std::atoi(next()));
-    else if (a == "--sharded") sharded = std::atoi(next());
-    else if (a == "--sharded-busy-poll") sharded_busy_poll_us = std::atoi(next());
     else {
-      std::fprintf(stderr,
-                   "usage: %s [--host-backend] [--transport T] [--iters N] [--stream-mib M] [--p5-mib M] [--p5-rounds R] "
-                   "[--p6-blocks B] [--p6-ms MS] [--threads T] [--rings BYTES] [--proxy-cpus LIST] [--proxy-threads N] [--sharded N] [--sharded-busy-poll US]\n",
-                   argv[0]);
+      std::fprintf(
+          stderr,
+          "usage: %s [--host-backend] [--transport T] [--iters N] [--p5-mib M] [--p5-rounds R] "
+          "[--p6-blocks B] [--p6-ms MS] [--threads T] [--rings BYTES] [--proxy-cpus LIST] [--proxy-threads N]\n",
+          argv[0]);
       return 2;
     }
   }
   const Backend backend = choose_backend(force_host);
   const bool gpu = backend == Backend::kCuda;
   if (iters <= 0) iters = gpu ? 20000 : 2000;
-  if (stream_mib <= 0) stream_mib = gpu ? 512 : 64;
   if (p5_mib <= 0) p5_mib = gpu ? 256 : 32;
   if (p6_blocks <= 0) {
     p6_blocks = 4;
@@ -401,11 +356,11 @@ int main(int argc, char **argv) {
   options.sbuf_size = rings;
   options.max_sockets = std::max<uint32_t>(256, static_cast<uint32_t>(p6_blocks) + 16);
   options.spare_buffer_sets = 16;
-  const uint32_t default_inline = options.inline_messages;
+  const uint32_t default_inline = default_inline_messages();
   options.inline_messages = channel::kCtxInline;  // the proxy serves every mode P4 compares
   if (!options.transport.empty()) setenv("GPUSOCK_TRANSPORT", options.transport.c_str(), 1);  // for the peers
   // The CPU peers and servers keep rsocket's 128 KiB rings, as the GPU program
-  // keeps the proxy's: P5 and the streaming rows compare the data paths, not
+  // keeps the proxy's: P5 compares the data paths, not
   // ring sizes (CPU sockets otherwise grow unchosen rings: ring_budget.h).
   setenv("GPUSOCK_RING_LARGE", "0", 0);
   auto memory = memory_resource_for(backend);
@@ -417,8 +372,6 @@ int main(int argc, char **argv) {
   DeviceContext ctx = all_modes;
   ctx.flags &= default_inline;
   const char *transport = std::getenv("GPUSOCK_TRANSPORT");
-  // fabric:tcp's per-message work is the kernel's: one proxy thread is one core of it.
-  if (sharded < 0) sharded = gpu && transport && std::string(transport) == "fabric:tcp" ? 12 : 0;
   std::printf("gpu_bench: %s backend, transport %s, %u threads per block, %u B rings\n  %s\n", backend_name(backend),
               transport ? transport : "(default)", threads, rings, proxy->placement().c_str());
   std::fflush(stdout);
@@ -445,13 +398,13 @@ int main(int argc, char **argv) {
   const std::string tmp = "/tmp/gpu_bench." + std::to_string(getpid());
 
   if (micro) {
-    const char *names[] = {"fence",         "line_write",         "line_write_fence", "read_own",
-                           "read_shared",   "atomic_dev",         "pingpong_cpu",     "status_1thread",
-                           "status_warp",   "status_warp_acq",    "record_1thread",   "record_warp",
-                           "payload_ldcv",  "acquire_16B",        "atomic_dev_dep",   "status_relaxed",
-                           "status_acq_first", "record_relaxed", "copy_512B",     "copy_2KiB",
-                           "copy_4KiB",        "copy_2KiB_gpu",    "copy_2KiB_volatile", "copy_2KiB_cg",
-                           "copy_2KiB_cs",     "copy_2KiB_weak",   "status_volatile_acq", "status_volatile"};
+    const char *names[] = {
+        "fence",          "line_write",          "line_write_fence",   "read_own",     "read_shared",
+        "atomic_dev",     "pingpong_cpu",        "status_1thread",     "status_warp",  "status_warp_acq",
+        "record_1thread", "record_warp",         "payload_ldcv",       "acquire_16B",  "atomic_dev_dep",
+        "status_relaxed", "status_acq_first",    "record_relaxed",     "copy_512B",    "copy_2KiB",
+        "copy_4KiB",      "copy_2KiB_gpu",       "copy_2KiB_volatile", "copy_2KiB_cg", "copy_2KiB_cs",
+        "copy_2KiB_weak", "status_volatile_acq", "status_volatile"};
     MemoryBlock lines{}, counter{}, outs{};
     memory->allocate(MemoryKind::kHostMapped, size_t(p6_blocks) * 4096 + 4096, &lines);
     memory->allocate(MemoryKind::kDevice, 64, &counter);
@@ -630,11 +583,12 @@ int main(int argc, char **argv) {
       if (grid.start(backend, shape,
                      DrainServerKernel{ctx, listener, static_cast<uint8_t *>(big.device), chunk,
                                        static_cast<uint64_t *>(small.device) + 64, res_dev + i}) == 0) {
-        mbps = run_client({"stream", std::to_string(gpu_port), std::to_string(total), std::to_string(chunk), tmp},
-                          tmp, 120000);
+        mbps = run_client({"stream", std::to_string(gpu_port), std::to_string(total), std::to_string(chunk), tmp}, tmp,
+                          120000);
         if (mbps < 0) proxy->request_kernel_stop();
         grid.wait();
-        if (r->error != 0) std::printf("  (GPU drain server ended with %s)\n", gs_status_name(static_cast<int>(r->error)));
+        if (r->error != 0)
+          std::printf("  (GPU drain server ended with %s)\n", gs_status_name(static_cast<int>(r->error)));
       }
       return mbps;
     };
@@ -716,76 +670,6 @@ int main(int argc, char **argv) {
     }
   }
 
-  // ---- Streaming to CPU drain servers: 1 block and 32 blocks, each with its
-  // own socket, against CPU clients with as many connections (same servers,
-  // same chunks, same transport); 32 blocks again through a second proxy with
-  // `sharded` threads (ProxyOptions::threads), against the same CPU rate.
-  // `streams` blocks, a socket each, through the proxy behind `c`: MB/s, or -1.
-  auto gpu_streams = [&](const DeviceContext &c, unsigned streams, uint64_t per) {
-    double mbps = -1;
-    const int port = gpusock::test::free_port();
-    Peer drains({"drains", std::to_string(port), std::to_string(streams), std::to_string(chunk)});
-    BenchResult *r = res_host + slot;
-    std::memset(r, 0, sizeof(BenchResult) * streams);
-    if (grid.start(backend, LaunchShape{streams, shape.threads, 0},
-                   StreamKernel{c, port, static_cast<uint8_t *>(big.device), chunk, per, res_dev + slot}) == 0 &&
-        grid.wait() == 0) {
-      unsigned long long max_ns = 0;
-      long long err = 0;
-      for (unsigned b = 0; b < streams; ++b) {
-        max_ns = std::max(max_ns, r[b].ns);
-        if (r[b].error) err = r[b].error;
-      }
-      if (err == 0 && max_ns > 0) mbps = double(per) * streams * 1000.0 / double(max_ns);
-      else std::printf("  (GPU streams ended with %s)\n", gs_status_name(static_cast<int>(err)));
-    }
-    slot += streams;
-    return mbps;
-  };
-  for (const unsigned streams : {1u, 32u}) {
-    if (slot + streams > kResults) break;
-    const uint64_t per = (uint64_t(stream_mib) << 20) / streams;
-    double gpu_mbps = gpu_streams(ctx, streams, per), cpu_mbps = -1;
-    {
-      const int port = gpusock::test::free_port();
-      Peer drains({"drains", std::to_string(port), std::to_string(streams), std::to_string(chunk)});
-      cpu_mbps = run_client(
-          {"streams", std::to_string(port), std::to_string(streams), std::to_string(per), std::to_string(chunk), tmp},
-          tmp, 120000);
-    }
-    char name[48];
-    std::snprintf(name, sizeof name, "stream_%ublock%s", streams, streams > 1 ? "s" : "");
-    if (gpu_mbps > 0)
-      std::printf("RESULT %s_gpu %.0f MB/s %u GPU block(s), a socket each, to CPU drains\n", name, gpu_mbps, streams);
-    else fail((std::string(name) + "_gpu").c_str(), -EIO);
-    if (cpu_mbps > 0)
-      std::printf("RESULT %s_cpu %.0f MB/s %u CPU client connection(s) to the same drains\n", name, cpu_mbps, streams);
-    else fail((std::string(name) + "_cpu").c_str(), -EIO);
-    if (gpu_mbps > 0 && cpu_mbps > 0)
-      std::printf("RESULT %s_ratio %.2f x target >= %s\n", name, gpu_mbps / cpu_mbps, streams > 1 ? "0.9" : "1.0");
-    if (streams > 1 && sharded > 1 && slot + streams <= kResults) {
-      ProxyOptions more = options;
-      more.threads = static_cast<uint32_t>(sharded);
-      more.busy_poll_us = sharded_busy_poll_us;
-      std::unique_ptr<Proxy> sharded_proxy;
-      double mbps = -1;
-      if (Proxy::start(more, memory.get(), &sharded_proxy) == 0) {
-        DeviceContext sctx = sharded_proxy->device_context();
-        sctx.flags &= default_inline;
-        mbps = gpu_streams(sctx, streams, per);
-        sharded_proxy->kernel_exited(0);
-        sharded_proxy->stop();
-      }
-      if (mbps > 0) {
-        std::printf("RESULT %s_%dthreads_gpu %.0f MB/s through a proxy with %d threads\n", name, sharded, mbps, sharded);
-        if (cpu_mbps > 0)
-          std::printf("RESULT %s_%dthreads_ratio %.2f x target >= 0.9\n", name, sharded, mbps / cpu_mbps);
-      } else {
-        fail((std::string(name) + "_sharded_gpu").c_str(), -EIO);
-      }
-    }
-    std::fflush(stdout);
-  }
   proxy->kernel_exited(0);  // the listener
   memory->release(&results);
   memory->release(&small);

@@ -128,7 +128,9 @@ void analyze(const char *name, const std::vector<Mark> &m, double rtt_ns, double
     const Mark &k = m[i];
     if (i > 0 && k.gt > m[i - 1].gt) min_gt_step = std::min<uint64_t>(min_gt_step, k.gt - m[i - 1].gt);
     switch (k.point) {
-      case trace::kRecvPollIssued: issued = &k; break;
+      case trace::kRecvPollIssued:
+        issued = &k;
+        break;
       case trace::kRecvPolled:
         if (issued) poll.push_back(ns(*issued, k));
         ++empty;
@@ -176,12 +178,14 @@ void analyze(const char *name, const std::vector<Mark> &m, double rtt_ns, double
         break;
     }
   }
-  std::printf("TRACE %-24s rtt %6.0f ns  turnaround %6.0f  polls %.0f  poll %4.0f  copy %4.0f  to_plan %4.0f "
-              "(rdone %4.0f gap %4.0f plan %4.0f)  ticket %4.0f (make %4.0f tick %4.0f)  store %4.0f  gpu %5.0f  "
-              "away %5.0f  (%zu marks, %.3f ns/clk, globaltimer step >= %llu ns)\n",
-              name, rtt_ns, turnaround_ns, median_of(polls), median_of(poll), median_of(copy), median_of(to_plan), median_of(rdone),
-              median_of(gap), median_of(plan), median_of(ticket), median_of(make), median_of(tick), median_of(store), median_of(gpu),
-              median_of(away), m.size(), ns_per_clk, static_cast<unsigned long long>(min_gt_step));
+  std::printf(
+      "TRACE %-24s rtt %6.0f ns  turnaround %6.0f  polls %.0f  poll %4.0f  copy %4.0f  to_plan %4.0f "
+      "(rdone %4.0f gap %4.0f plan %4.0f)  ticket %4.0f (make %4.0f tick %4.0f)  store %4.0f  gpu %5.0f  "
+      "away %5.0f  (%zu marks, %.3f ns/clk, globaltimer step >= %llu ns)\n",
+      name, rtt_ns, turnaround_ns, median_of(polls), median_of(poll), median_of(copy), median_of(to_plan),
+      median_of(rdone), median_of(gap), median_of(plan), median_of(ticket), median_of(make), median_of(tick),
+      median_of(store), median_of(gpu), median_of(away), m.size(), ns_per_clk,
+      static_cast<unsigned long long>(min_gt_step));
 }
 
 }  // namespace
@@ -259,8 +263,9 @@ int main(int argc, char **argv) {
       DeviceContext c = all_modes;
       c.flags &= mode.flags;
       *marks_host = 0;
-      const TracedEchoKernel k{EchoServerKernel{c, listener, static_cast<uint8_t *>(buf.device), 1u << 16, res_dev + slot},
-                               static_cast<unsigned long long *>(log.device), kCap, marks_dev};
+      const TracedEchoKernel k{
+          EchoServerKernel{c, listener, static_cast<uint8_t *>(buf.device), 1u << 16, res_dev + slot},
+          static_cast<unsigned long long *>(log.device), kCap, marks_dev};
       if (grid.start(backend, LaunchShape{1, threads, 0}, k) != 0) {
         status = 1;
         break;

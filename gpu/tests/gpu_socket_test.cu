@@ -22,8 +22,10 @@ namespace {
 
 // ---------------------------------------------------------------- kernels
 
-// N blocks, each accepting `conns` connections and echoing them with gpoll.
-struct EchoBlockKernel {
+// Every scope S of the grid (a block, a warp or a thread: scope.cuh) accepts
+// `conns` connections and echoes them with gpoll; one source for all three.
+template <class S>
+struct EchoKernel {
   DeviceContext ctx;
   int listener;
   int conns;
@@ -32,87 +34,25 @@ struct EchoBlockKernel {
   gpollfd *polls;
   AgentResult *out;
   GS_HD void operator()() const {
-    const unsigned b = block_index();
-    uint8_t *buf = bufs + size_t(b) * buf_size;
-    gpollfd *pf = polls + size_t(b) * conns;
-    int live = 0, err = 0;
-    int64_t bytes = 0;
-    for (int k = 0; k < conns; ++k) {
-      const int s = gaccept(ctx, listener, 0, 30000);
-      if (s < 0) {
-        err = s;
-        break;
-      }
-      if (thread_rank() == 0) pf[k] = gpollfd{s, POLLIN, 0};
-      ++live;
-    }
-    if (thread_rank() == 0)
-      for (int k = live; k < conns; ++k) pf[k] = gpollfd{-1, 0, 0};
-    sync_block();
-    while (live > 0 && err == 0) {
-      const int n = gpoll(ctx, pf, conns, 30000);
-      if (n <= 0) {
-        err = n == 0 ? -ETIMEDOUT : n;
-        break;
-      }
-      for (int k = 0; k < conns; ++k) {
-        const int fd = pf[k].fd;
-        if (fd < 0 || pf[k].revents == 0) continue;
-        const ssize_t got = grecv(ctx, fd, buf, buf_size, MSG_DONTWAIT);
-        if (got == -EAGAIN) continue;
-        if (got > 0) {
-          const ssize_t put = gsend(ctx, fd, buf, static_cast<size_t>(got), 0, 30000);
-          if (put != got) err = put < 0 ? static_cast<int>(put) : -EIO;
-          else bytes += got;
-          continue;
-        }
-        if (got < 0) err = static_cast<int>(got);
-        gshutdown(ctx, fd, SHUT_WR);  // the peer half-closed: so do we
-        gclose(ctx, fd);
-        sync_block();  // every thread has read pf[k] before it changes
-        if (thread_rank() == 0) pf[k].fd = -1;
-        sync_block();
-        --live;
-      }
-    }
-    if (thread_rank() == 0) {
-      AgentResult *r = out + b;
-      r->bytes = bytes;
-      r->error = err;
-      publish_i32(&r->done, 1);
-    }
-  }
-};
-
-// The same with warp-cooperative calls: every warp owns its connections.
-struct EchoWarpKernel {
-  DeviceContext ctx;
-  int listener;
-  int conns;
-  uint8_t *bufs;
-  uint32_t buf_size;
-  gpollfd *polls;
-  AgentResult *out;
-  GS_HD void operator()() const {
-    const unsigned agent = block_index() * (block_dim() / warp_size()) + warp_index();
+    const unsigned agent = S::index();
     uint8_t *buf = bufs + size_t(agent) * buf_size;
     gpollfd *pf = polls + size_t(agent) * conns;
     int live = 0, err = 0;
     int64_t bytes = 0;
     for (int k = 0; k < conns; ++k) {
-      const int s = gaccept_warp(ctx, listener, 0, 30000);
+      const int s = gaccept<S>(ctx, listener, 0, 30000);
       if (s < 0) {
         err = s;
         break;
       }
-      if (lane() == 0) pf[k] = gpollfd{s, POLLIN, 0};
+      if (S::leader()) pf[k] = gpollfd{s, POLLIN, 0};
       ++live;
     }
-    if (lane() == 0)
+    if (S::leader())
       for (int k = live; k < conns; ++k) pf[k] = gpollfd{-1, 0, 0};
-    sync_warp();
+    S::sync();
     while (live > 0 && err == 0) {
-      const int n = gpoll_warp(ctx, pf, conns, 30000);
+      const int n = gpoll<S>(ctx, pf, conns, 30000);
       if (n <= 0) {
         err = n == 0 ? -ETIMEDOUT : n;
         break;
@@ -120,24 +60,24 @@ struct EchoWarpKernel {
       for (int k = 0; k < conns; ++k) {
         const int fd = pf[k].fd;
         if (fd < 0 || pf[k].revents == 0) continue;
-        const ssize_t got = grecv_warp(ctx, fd, buf, buf_size, MSG_DONTWAIT);
+        const ssize_t got = grecv<S>(ctx, fd, buf, buf_size, MSG_DONTWAIT);
         if (got == -EAGAIN) continue;
         if (got > 0) {
-          const ssize_t put = gsend_warp(ctx, fd, buf, static_cast<size_t>(got), 0, 30000);
+          const ssize_t put = gsend<S>(ctx, fd, buf, static_cast<size_t>(got), 0, 30000);
           if (put != got) err = put < 0 ? static_cast<int>(put) : -EIO;
           else bytes += got;
           continue;
         }
         if (got < 0) err = static_cast<int>(got);
-        gshutdown_warp(ctx, fd, SHUT_WR);
-        gclose_warp(ctx, fd);
-        sync_warp();
-        if (lane() == 0) pf[k].fd = -1;
-        sync_warp();
+        gshutdown<S>(ctx, fd, SHUT_WR);  // the peer half-closed: so do we
+        gclose<S>(ctx, fd);
+        S::sync();  // every thread has read pf[k] before it changes
+        if (S::leader()) pf[k].fd = -1;
+        S::sync();
         --live;
       }
     }
-    if (lane() == 0) {
+    if (S::leader()) {
       AgentResult *r = out + agent;
       r->bytes = bytes;
       r->error = err;
@@ -523,7 +463,7 @@ TEST_P(GpuEcho, BlocksEchoCpuClients) {
   uint8_t *bufs = mem_.alloc<uint8_t>(size_t(c.blocks) * kBuf);
   gpollfd *polls = mem_.alloc<gpollfd>(size_t(total));
   AgentResult *res = mem_.alloc<AgentResult>(c.blocks);
-  launch(c.blocks, kBlockThreads, EchoBlockKernel{ctx_, listener, c.conns_per_block, bufs, kBuf, polls, res});
+  launch(c.blocks, kBlockThreads, EchoKernel<BlockScope>{ctx_, listener, c.conns_per_block, bufs, kBuf, polls, res});
   Peer clients({"clients", std::to_string(port), std::to_string(total), std::to_string(c.msgs),
                 std::to_string(c.max_size), "7"});
   int code = -1;
@@ -557,36 +497,47 @@ INSTANTIATE_TEST_SUITE_P(Blocks, GpuEcho,
                                   (info.param.max_size <= 64 ? "_small" : "");
                          });
 
-TEST_F(GpuSockets, WarpsEachOwnConnections) {
-  start_proxy();
-  const int port = free_port();
-  const unsigned blocks = 2;
-  const unsigned warps = kBlockThreads / (kBackend == Backend::kCuda ? 32 : kHostWarp);
-  const int conns = 2;
-  const int total = static_cast<int>(blocks * warps) * conns;
-  const int listener = gpu_listen(port, total);
-  ASSERT_GE(listener, 0);
-  constexpr uint32_t kBuf = 1 << 15;
-  uint8_t *bufs = mem_.alloc<uint8_t>(size_t(blocks) * warps * kBuf);
-  gpollfd *polls = mem_.alloc<gpollfd>(size_t(total));
-  AgentResult *res = mem_.alloc<AgentResult>(blocks * warps);
-  launch(blocks, kBlockThreads, EchoWarpKernel{ctx_, listener, conns, bufs, kBuf, polls, res});
-  Peer clients({"clients", std::to_string(port), std::to_string(total), "10", "8192", "11"});
-  int code = -1;
-  ASSERT_TRUE(clients.wait_exit(60000, &code));
-  EXPECT_EQ(code, 0);
-  ASSERT_TRUE(wait_until(
-      [&] {
-        int n = 0;
-        for (unsigned a = 0; a < blocks * warps; ++a) n += load_shared(&res[a].done);
-        return n == static_cast<int>(blocks * warps);
-      },
-      20000));
-  for (unsigned a = 0; a < blocks * warps; ++a) {
-    EXPECT_EQ(res[a].error, 0) << "warp " << a << ": " << gs_status_name(res[a].error);
-    EXPECT_GT(res[a].bytes, 0) << "warp " << a;
+// The echo above with each warp, or each thread, its own server: the same
+// kernel, another scope.
+class GpuScopes : public GpuSockets {
+ protected:
+  template <class S>
+  void echo_by_scope(unsigned blocks, unsigned per_block, int conns, const char *what) {
+    start_proxy();
+    const int port = free_port();
+    const unsigned agents = blocks * per_block;
+    const int total = static_cast<int>(agents) * conns;
+    const int listener = gpu_listen(port, total);
+    ASSERT_GE(listener, 0);
+    constexpr uint32_t kBuf = 1 << 15;
+    uint8_t *bufs = mem_.alloc<uint8_t>(size_t(agents) * kBuf);
+    gpollfd *polls = mem_.alloc<gpollfd>(size_t(total));
+    AgentResult *res = mem_.alloc<AgentResult>(agents);
+    launch(blocks, kBlockThreads, EchoKernel<S>{ctx_, listener, conns, bufs, kBuf, polls, res});
+    Peer clients({"clients", std::to_string(port), std::to_string(total), "10", "8192", "11"});
+    int code = -1;
+    ASSERT_TRUE(clients.wait_exit(60000, &code));
+    EXPECT_EQ(code, 0);
+    ASSERT_TRUE(wait_until(
+        [&] {
+          int n = 0;
+          for (unsigned a = 0; a < agents; ++a) n += load_shared(&res[a].done);
+          return n == static_cast<int>(agents);
+        },
+        20000));
+    for (unsigned a = 0; a < agents; ++a) {
+      EXPECT_EQ(res[a].error, 0) << what << " " << a << ": " << gs_status_name(res[a].error);
+      EXPECT_GT(res[a].bytes, 0) << what << " " << a;
+    }
   }
+};
+
+TEST_F(GpuScopes, WarpsEachOwnConnections) {
+  const unsigned warps = kBlockThreads / (kBackend == Backend::kCuda ? 32 : kHostWarp);
+  echo_by_scope<WarpScope>(2, warps, 2, "warp");
 }
+
+TEST_F(GpuScopes, ThreadsEachOwnConnections) { echo_by_scope<ThreadScope>(1, kBlockThreads, 1, "thread"); }
 
 std::string expected_sink_reply(uint64_t n, uint32_t seed) {
   Fnv1a sum;

@@ -27,6 +27,7 @@
 //   streams  PORT CONNS BYTES CHUNK OUT  CONNS connections at once, a thread each: stream as
 //                                        `stream` does; writes the total MB/s to OUT
 #include "test-support/peer_modes.h"
+#include "test-support/resources.h"
 #include "test-support/timing.h"
 
 #include <netinet/tcp.h>
@@ -273,6 +274,7 @@ int stream_clients(int port, int conns, uint64_t bytes, size_t chunk, const char
 
 int main(int argc, char **argv) {
   peer_signals();
+  raise_fd_limit();  // drains and streams hold a connection per GPU block
   if (argc < 3) {
     std::fprintf(stderr, "usage: %s echo|sink|source|clients|blast PORT ...\n", argv[0]);
     return 1;

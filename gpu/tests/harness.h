@@ -69,15 +69,4 @@ T load_shared(const T *p) {
   return __atomic_load_n(p, __ATOMIC_ACQUIRE);
 }
 
-// Polls pred until it holds or ms pass.
-template <class Pred>
-bool wait_until(Pred pred, int ms) {
-  const Deadline deadline(ms / 1000.0);
-  while (!pred()) {
-    if (deadline.passed()) return false;
-    usleep(1000);
-  }
-  return true;
-}
-
 }  // namespace gpusock::test

@@ -96,9 +96,9 @@ GS_HD int request_line1_words(const Request &r) {
 // the second line.
 // The same value both ways: on a GPU every loop runs a fixed number of times
 // and indexes with constants, so the words stay in registers (a loop to
-// line1_words put them in local memory: ~0.3 us of every request; words 8-15
-// are read even when unused); the proxy, which checks ~10 M requests a second,
-// mixes only the words in use.
+// line1_words would put them in local memory, on the path of every request;
+// words 8-15 are read even when unused); the proxy, which checks every request
+// of every GPU thread, mixes only the words in use.
 GS_HD uint64_t request_check(const uint64_t *words, int line1_words) {
   uint64_t h = 0x6A09E667F3BCC909ull;
   for (int i = 0; i < 7; ++i) h = channel_mix(h, words[i]);
@@ -206,11 +206,16 @@ enum ContextFlags : uint32_t {
 // them (device pointers of host-mapped memory on CUDA; plain pointers on the
 // host backend).
 // Request rings: one per proxy thread (ProxyOptions::threads); socket slot s
-// posts on ring s % request_rings, so each thread reads only its own. Ring q
+// posts on ring proxy_thread_of(s, request_rings), so each thread reads only
+// its own. Ring q
 // is requests[q * (request_mask + 1) ...], its ticket and consumed_seen are
 // ticket[q * kCounterStride] and consumed_seen[q * kCounterStride] (a line
 // each), its `consumed` is shared[q].consumed; `stop` is shared[0].stop.
 inline constexpr uint32_t kCounterStride = 8;
+
+// The proxy thread (and request ring) of socket slot s: the one mapping the
+// GPU's posts and the proxy's threads share.
+GS_HD uint32_t proxy_thread_of(uint32_t slot, uint32_t threads) { return threads > 1 ? slot % threads : 0; }
 
 struct DeviceContext {
   Request *requests = nullptr;

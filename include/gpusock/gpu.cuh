@@ -1,10 +1,13 @@
 // gpusock GPU sockets: the device API (GPUnet's call names), header-only.
 //
-// Calls come in two cooperative forms:
-//   gsend(ctx, ...)       threadblock: every thread of the block calls with the
-//                         same arguments; all threads move the data
-//   gsend_warp(ctx, ...)  warp: every lane of one warp calls; the warp owns the
-//                         socket, so one block can serve many sockets at once
+// Every call is a template on the scope whose threads make it together:
+//   gsend(ctx, ...)               BlockScope (default): every thread of the
+//                                 block calls with the same arguments; all
+//                                 threads move the data
+//   gsend<WarpScope>(ctx, ...)    every lane of one warp calls; the warp owns the
+//                                 socket, so one block can serve many sockets at
+//                                 once (GPUnet's gsend_warp is the same call)
+//   gsend<ThreadScope>(ctx, ...)  one thread alone owns the socket
 // Every call returns >= 0 or a negated errno. Blocking calls take timeout_ms
 // (-1: none) and return -ETIMEDOUT when it passes; MSG_DONTWAIT or a
 // SOCK_NONBLOCK socket give -EAGAIN instead of waiting. When the host calls
@@ -18,17 +21,19 @@
 // The socket code above the primitives is the same for both; the host backend
 // is how CI tests it without a GPU, and a fallback where no GPU exists.
 //
-// This header includes the parts, each in gpusock/gpu/, bottom to top:
-//   host_backend.h      host threads as threadblocks and warps
+// This header includes the parts, bottom to top. Device code, gpusock/gpu/:
 //   primitives.cuh      thread rank, barriers, system-scope loads/stores/fences,
-//                       atomics, clock, Backoff: the only backend-aware code
-//   scope.cuh           BlockScope, WarpScope, group_copy
+//                       atomics, clock, Backoff, poll teams: the only
+//                       backend-aware code
+//   scope.cuh           BlockScope, WarpScope, ThreadScope, group_copy
 //   channel_ops.cuh     the leader's side of the channel: request ring,
 //                       control requests, slot claims, status reads
 //   socket_control.cuh  socket, bind, listen, connect, accept, shutdown, close
 //   socket_data.cuh     recv, send, poll: the data path
-//   calls.cuh           the public calls, gsend and gsend_warp, ...
+//   calls.cuh           the public calls, gsend<S>, ... and the _warp names
 //   kernel_helpers.cuh  thread_rank(), sync_block(), pause_ns, ipv4_address, ...
+// Host code, gpusock/host/:
+//   backend.h           host threads as threadblocks and warps
 //   launch.cuh          Backend, Grid, choose_backend, memory_resource_for
 //   devices.cuh         GpuSet: several GPUs in one process, one proxy each
 // The channel's layout is gpusock/channel.h, the proxy gpusock/proxy.h.
@@ -39,7 +44,7 @@
 #include <gpusock/hd.h>
 #include <gpusock/proxy.h>
 
-#include <gpusock/gpu/host_backend.h>
+#include <gpusock/host/backend.h>
 #include <gpusock/gpu/primitives.cuh>
 #include <gpusock/gpu/scope.cuh>
 #include <gpusock/gpu/channel_ops.cuh>
@@ -47,7 +52,7 @@
 #include <gpusock/gpu/socket_data.cuh>
 #include <gpusock/gpu/calls.cuh>
 #include <gpusock/gpu/kernel_helpers.cuh>
-#include <gpusock/gpu/launch.cuh>
-#include <gpusock/gpu/devices.cuh>
+#include <gpusock/host/launch.cuh>
+#include <gpusock/host/devices.cuh>
 
 #endif

@@ -60,8 +60,7 @@ struct ProxyOptions {
   // Rings per connection, in the memory the GPU reads and writes (pinned host
   // memory: (max_sockets + spare_buffer_sets) x both rings, 160 MiB by default).
   // Larger than a CPU socket's 128 KiB: each quarter ring a GPU sends costs a
-  // request and a status read across PCIe, and with 64 or 128 KiB rings one
-  // block streamed 1.7-2.6 GB/s on the H100, with 256 KiB 4.5-5.9 (docs/gpu.md).
+  // request and a status read across PCIe (docs/gpu.md, streaming).
   uint32_t rbuf_size = 1u << 18;    // receive ring per connection (even, >= 4096)
   uint32_t sbuf_size = 1u << 18;    // send ring per connection (>= 4096)
   uint32_t request_entries = 1024;  // request ring entries (rounded up to a power of two)
@@ -73,21 +72,29 @@ struct ProxyOptions {
                                     // gpusock::GpuSet passes the CPUs next to the GPU
   // Proxy threads sharing the sockets: socket slot i is driven by thread
   // i % threads, which alone reads request ring i % threads (where the GPU
-  // posts that socket's requests). 0: GPUSOCK_PROXY_THREADS, else 1. More than one pays where a transport's
-  // per-message work is the kernel's (fabric:tcp: with one thread 32
-  // streaming blocks share one core's TCP work); on the H100 it also halved
-  // the small-request rate (P6), cause not found (docs/gpu.md).
+  // posts that socket's requests). 0: GPUSOCK_PROXY_THREADS, else 1. Many
+  // blocks streaming need several (one thread moves what one core's copies
+  // and, on fabric:tcp, system calls move); but from two threads on, many
+  // blocks' small requests are served at a lower rate (docs/gpu.md, P6 and
+  // gpu_stream), so one stays the default.
   uint32_t threads = 0;
-  bool quiet = false;               // do not print the memory placement line at start
-  // Which small messages skip the rings (channel::ContextFlags; GPUSOCK_GPU_INLINE
-  // gives the bits: 0 none, 1 received, 2 sent, 3 both). Received only by
-  // default: since a warp polls the status line and the record in one load,
-  // a received message beside the status saves the payload's PCIe read; a
-  // sent one in its request costs the GPU more than the ring's copy and
-  // fence (P4 by mode on an H200, docs/gpu.md: 8.58 / 8.64 / 8.74 / 9.65 us
-  // received / none / both / sent).
-  uint32_t inline_messages = channel::kCtxInlineRecv;
+  bool quiet = false;  // do not print the memory placement line at start
+  // Which small messages skip the rings (channel::ContextFlags: 0 none, 1
+  // received, 2 sent, 3 both); kInlineDefault: GPUSOCK_GPU_INLINE, else
+  // received only (default_inline_messages). Since a warp polls the status
+  // line and the record in one load, a received message beside the status
+  // saves the payload's PCIe read; a sent one in its request costs the GPU
+  // more than the ring's copy and fence (P4 by mode, docs/gpu.md).
+  static constexpr uint32_t kInlineDefault = ~0u;
+  uint32_t inline_messages = kInlineDefault;
 };
+
+// The emulated GPUs of the host backend: GPUSOCK_HOST_GPUS, else 1.
+int host_backend_gpus();
+
+// What ProxyOptions::kInlineDefault stands for: GPUSOCK_GPU_INLINE, else
+// channel::kCtxInlineRecv.
+uint32_t default_inline_messages();
 
 struct ProxyStats {
   uint64_t requests = 0;
@@ -136,6 +143,8 @@ class Proxy {
 
   // One line: the transport, and where the rings live and why.
   const std::string &placement() const;
+  // How many proxy threads serve the sockets (ProxyOptions::threads, resolved).
+  uint32_t threads() const;
   ProxyStats stats() const;
 
   class Impl;

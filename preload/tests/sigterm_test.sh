@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# SIGTERM stops a shimmed memcached (with a client connected) within a second,
-# as it stops on kernel TCP: memcached's handler sets a flag its once-a-second
-# clock event checks, so the shim's emulated epoll_wait must keep timers exact
-# and wake for signals; at exit the connection is closed in order. SIGTERM is
-# sent 300, 600 and 900 ms after a tick of that clock, so memcached itself
-# needs about 700, 400 and 100 ms; the limit leaves the shim the rest of the
-# second.
+# SIGTERM stops a shimmed memcached (with a client connected) at the next tick
+# of its clock, as it stops on kernel TCP: memcached's handler sets a flag its
+# once-a-second clock event checks, so the shim's emulated epoll_wait must keep
+# timers exact and wake for signals; at exit the connection is closed in order
+# and memcached exits with status 0. SIGTERM is sent 300, 600 and 900 ms after
+# a tick, so memcached itself needs about 700, 400 and 100 ms to close its
+# client; the limit on that close leaves the shim the rest of the second. The
+# exit that follows is reported, not limited: under a sanitizer the leak check
+# at exit alone can take a few hundred milliseconds.
 #   sigterm_test.sh TRANSPORT PORT
 source "$(dirname "$0")/lib.sh"
 need memcached
@@ -17,7 +19,8 @@ echo "== SIGTERM to memcached over $GPUSOCK_TRANSPORT on port $PORT"
 
 now_ns() { date +%s%N; }
 
-# stop_ms LD_PRELOAD-value tag phase-ms: prints the SIGTERM-to-exit time.
+# stop_ms LD_PRELOAD-value tag phase-ms: prints the time from SIGTERM to the
+# client's orderly EOF (99999 when memcached failed or the client saw no EOF).
 # memcached's handler only sets a flag; its once-a-second clock event ends the
 # loop. The client ("hold") watches memcached's "time" stat to find a tick of
 # that clock and sends SIGTERM phase-ms after it, so each run measures the
@@ -38,7 +41,9 @@ stop_ms() {
   wait "$holder"
   t_sent=$(sed -n 's/^sigterm-sent-ns //p' "$W/$tag.hold")
   echo "$tag: exit status $rc, stopped $(((t_exit - ${t_sent:-0}) / 1000000)) ms after SIGTERM; holder: $(tail -n 1 "$W/$tag.hold")" >&2
-  if [ "$rc" -ne 0 ] || [ -z "$t_sent" ]; then echo 99999; else echo $(((t_exit - t_sent) / 1000000)); fi
+  local eof
+  eof=$(sed -n 's/^ok: hold: orderly EOF when the server stopped (after \([0-9]*\) ms)$/\1/p' "$W/$tag.hold")
+  if [ "$rc" -ne 0 ] || [ -z "$t_sent" ] || [ -z "$eof" ]; then echo 99999; else echo "$eof"; fi
 }
 
 # A loaded machine (2 cores shared with other jobs) can stall any process for
@@ -49,12 +54,11 @@ for phase in 300 600 900; do
     [ "$ms" -lt "$LIMIT_MS" ] && break
     echo "(run $attempt: ${ms} ms; load average: $(cut -d' ' -f1-3 /proc/loadavg))"
   done
-  check "SIGTERM ${phase} ms after a tick of memcached's clock: stopped after ${ms} ms (limit ${LIMIT_MS} ms)" \
+  check "SIGTERM ${phase} ms after a tick of memcached's clock: its client saw an orderly EOF after ${ms} ms (limit ${LIMIT_MS} ms) and memcached exited with status 0" \
     test "$ms" -lt "$LIMIT_MS"
-  check "its client saw an orderly EOF" grep -q "ok: hold: orderly EOF" "$W/shim$phase-$attempt.hold"
 done
 for phase in 300 900; do
   ms=$(stop_ms "" "kernel$phase" "$phase")
-  echo "for reference, kernel TCP, SIGTERM ${phase} ms after a tick: stopped after ${ms} ms"
+  echo "for reference, kernel TCP, SIGTERM ${phase} ms after a tick: its client saw EOF after ${ms} ms"
 done
 finish

@@ -20,11 +20,11 @@ inline constexpr uint32_t kMaxTransfer = 65536;   // RS_MAX_TRANSFER (rsocket's 
 // the slot it advertised (§2.6), so larger rings carry larger writes: fewer
 // posts and completions per byte (docs/performance.md, "Streaming").
 inline constexpr uint32_t kMaxWrite = 1u << 19;
-inline constexpr uint32_t kSndLowat = 2048;       // RS_SNDLOWAT
-inline constexpr uint16_t kQpMinSize = 16;        // RS_QP_MIN_SIZE
-inline constexpr uint16_t kQpMaxSize = 0xFFFE;    // RS_QP_MAX_SIZE
-inline constexpr uint32_t kQpCtrlSize = 4;        // RS_QP_CTRL_SIZE: outstanding control msgs
-inline constexpr uint32_t kMsgSize = 4;           // RS_MSG_SIZE: iWARP message word
+inline constexpr uint32_t kSndLowat = 2048;     // RS_SNDLOWAT
+inline constexpr uint16_t kQpMinSize = 16;      // RS_QP_MIN_SIZE
+inline constexpr uint16_t kQpMaxSize = 0xFFFE;  // RS_QP_MAX_SIZE
+inline constexpr uint32_t kQpCtrlSize = 4;      // RS_QP_CTRL_SIZE: outstanding control msgs
+inline constexpr uint32_t kMsgSize = 4;         // RS_MSG_SIZE: iWARP message word
 inline constexpr uint16_t kDefaultSqSize = 384;
 inline constexpr uint16_t kDefaultRqSize = 384;
 inline constexpr uint32_t kDefaultInline = 64;

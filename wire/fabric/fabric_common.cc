@@ -1,4 +1,6 @@
 #include "wire/fabric/fabric_common.h"
+#include "wire/config.h"
+#include "wire/log.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -124,21 +126,12 @@ FabricDomainBase::~FabricDomainBase() {
   close_fid(fabric_);
 }
 
-namespace {
-
-bool env_true(const char *name) {
-  const char *value = std::getenv(name);
-  return value != nullptr && value[0] != '\0' && std::strcmp(value, "0") != 0;
-}
-
-}  // namespace
-
 gs_status_t FabricDomainBase::open_base(std::string *error) {
   InfoPtr hints(fi_allocinfo());
   if (!hints) return -ENOMEM;
   // Device memory (FI_HMEM) costs shm its inject path (inject_size 0), and the
   // Debian build of libfabric 1.17 has no CUDA support, so it is opt-in.
-  const bool want_hmem = attr_.device_memory && env_true("GPUSOCK_FABRIC_HMEM");
+  const bool want_hmem = attr_.device_memory && config::get(config::Id::kFabricHmem) != 0;
   hints->ep_attr->type = attr_.ep_type;
   hints->caps = FI_MSG | FI_RMA | FI_WRITE | FI_REMOTE_WRITE | (want_hmem ? FI_HMEM : 0);
   hints->mode = attr_.mode;
@@ -249,24 +242,15 @@ namespace {
 
 thread_local std::string t_error_detail;
 
-bool log_details() {
-  static const bool enabled = [] {
-    const char *level = std::getenv("GPUSOCK_LOG");
-    return level != nullptr && (std::strcmp(level, "info") == 0 || std::strcmp(level, "debug") == 0 ||
-                                std::strcmp(level, "warn") == 0 || std::atoi(level) >= 1);
-  }();
-  return enabled;
-}
-
 }  // namespace
 
 void set_error_detail(std::string text) {
   // Said once, not at every retry (a forked worker that tries a busy port).
   thread_local std::string logged;
   t_error_detail = std::move(text);
-  if (!t_error_detail.empty() && t_error_detail != logged && log_details()) {
+  if (!t_error_detail.empty() && t_error_detail != logged && log::enabled(log::kInfo)) {
     logged = t_error_detail;
-    std::fprintf(stderr, "gpusock[%d]: %s\n", static_cast<int>(getpid()), t_error_detail.c_str());
+    log::write(log::kInfo, "fabric", "%s", t_error_detail.c_str());
   }
 }
 

@@ -207,7 +207,10 @@ struct RdmListenerCore {
   sockaddr_storage bound{};
   std::shared_ptr<shm::PeerWatch> stuck_watch;  // releases a lock a dead client left held
   shm::NameExchangeGuard name_exchanges;        // before every progress pass (shm_name_exchange.h)
-  Creator creator;                              // only it removes the rendezvous and closes the listener
+  // -EMFILE/-ENFILE while a client's name exchange waits for a descriptor of
+  // ours (get_request says so; the listener reads as ready), else 0.
+  std::atomic<int> short_of{0};
+  Creator creator;  // only it removes the rendezvous and closes the listener
 
   ~RdmListenerCore();
   gs_status_t post_buf(size_t index) {
@@ -222,7 +225,7 @@ struct RdmListenerCore {
   // A client out of our AV (and shm's table of peers): its admission is free.
   void forget_client_locked(PeerRef *client);
   void forget_parked_client_locked(const CtrlMsg &probe);
-  void drop_unopenable_name_exchanges_locked();  // before every read of the CQ
+  bool screen_name_exchanges_locked();  // before every read of the CQ: false, no read now
   // Read REQs off the CQ; each valid one goes to `on_request`.
   template <class F>
   void drain_locked(F &&on_request);

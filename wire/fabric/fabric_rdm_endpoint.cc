@@ -143,7 +143,8 @@ gs_status_t RdmEndpoint::connect(const sockaddr *addr, socklen_t len, const void
   if (owner != geteuid() && owner != 0) {
     set_error_detail("fabric:shm: the listener at " + listener_rendezvous_ + " runs as user " + std::to_string(owner) +
                      ", which cannot map this process's (user " + std::to_string(geteuid()) + ") memory");
-    fail_connect(-ECONNREFUSED, "fabric:shm: the listener runs as another user, which cannot map this process's memory");
+    fail_connect(-ECONNREFUSED,
+                 "fabric:shm: the listener runs as another user, which cannot map this process's memory");
     return 0;
   }
   if (insert_peer(shared_, rv.name, rv.pid, domain_->ringer(), &listener_) < 0) {

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 
 namespace gpusock::wire::fabric::rdm {
 
@@ -70,7 +71,12 @@ void RdmEndpoint::check_liveness() {
     if (!req_acked_) {
       // REQ not yet with the application: is that listener still there?
       shm::Rendezvous rv{};
-      if (!shm::read_rendezvous(listener_rendezvous_, &rv) || listener_name_ != rv.name) fail_connect(-ECONNREFUSED);
+      errno = 0;
+      if (!shm::read_rendezvous(listener_rendezvous_, &rv)) {
+        if (errno != EMFILE && errno != ENFILE) fail_connect(-ECONNREFUSED);  // else: no descriptor to look, later
+      } else if (listener_name_ != rv.name) {
+        fail_connect(-ECONNREFUSED);
+      }
     }
     return;
   }

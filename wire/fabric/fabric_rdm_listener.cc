@@ -57,14 +57,14 @@ int RdmListener::get_request(std::unique_ptr<ConnectionRequest> *out) {
     if (bell.has_requesters()) [[unlikely]]
       bell.serve_requests(ringer);
   }
-  if (ready_.empty()) return 0;
+  if (ready_.empty()) return core_->short_of.load(std::memory_order_relaxed);  // 0, or a client waits for a descriptor
   *out = std::move(ready_.front());
   ready_.pop_front();
   return 1;
 }
 
 gs_status_t RdmListener::arm(bool drain_bell) {
-  if (!ready_.empty()) return -EAGAIN;
+  if (!ready_.empty() || core_->short_of.load(std::memory_order_relaxed) != 0) return -EAGAIN;
   std::lock_guard<std::mutex> lock(core_->mu);
   shm::Bell &bell = core_->shared->bell;
   if (!bell.valid() || (drain_bell && bell.drain_unless_drained())) return -EAGAIN;
@@ -91,7 +91,8 @@ gs_status_t RdmListener::arm(bool drain_bell) {
 bool RdmListener::maybe_ready() const {
   const shm::Bell &bell = core_->shared->bell;
   return !ready_.empty() || !bell.valid() || bell.signalled() || bell.requests_pending() || bell.has_requesters() ||
-         core_->pending_count.load(std::memory_order_relaxed) != 0;
+         core_->pending_count.load(std::memory_order_relaxed) != 0 ||
+         core_->short_of.load(std::memory_order_relaxed) != 0;
 }
 
 }  // namespace
@@ -155,8 +156,12 @@ void RdmListenerCore::forget_parked_client_locked(const CtrlMsg &probe) {
 }
 
 // Each client dropped there will never be in our AV: its admission is free.
-void RdmListenerCore::drop_unopenable_name_exchanges_locked() {
-  shared->bell.release_admissions(static_cast<uint32_t>(name_exchanges.drop_unopenable()));
+// False: a client's name exchange waits for a descriptor, so no progress pass.
+bool RdmListenerCore::screen_name_exchanges_locked() {
+  const shm::NameExchangeGuard::Screened s = name_exchanges.screen();
+  shared->bell.release_admissions(static_cast<uint32_t>(s.dropped));
+  short_of.store(s.held ? s.why : 0, std::memory_order_relaxed);
+  return !s.held;
 }
 
 void RdmListenerCore::flush_pending_locked() {
@@ -178,7 +183,7 @@ template <class F>
 void RdmListenerCore::drain_locked(F &&on_request) {
   fi_cq_data_entry entries[kCqBatch];
   for (;;) {
-    drop_unopenable_name_exchanges_locked();
+    if (!screen_name_exchanges_locked()) return;
     ssize_t got = fi_cq_read(shared->cq, entries, kCqBatch);
     if (got == -FI_EAVAIL) {
       fi_cq_err_entry err{};
@@ -215,10 +220,7 @@ void RdmListenerCore::refuse_unhandled_locked() {
 
 void RdmListenerCore::flush_for_a_moment_locked(bool read_cq) {
   for (int spin = 0; spin < 200 && !pending.empty(); ++spin) {
-    if (read_cq) {
-      drop_unopenable_name_exchanges_locked();
-      (void)fi_cq_read(shared->cq, nullptr, 0);
-    }
+    if (read_cq && screen_name_exchanges_locked()) (void)fi_cq_read(shared->cq, nullptr, 0);
     flush_pending_locked();
     if (!pending.empty()) usleep(50);
   }

@@ -88,7 +88,7 @@ std::shared_ptr<MappedBoard> MappedBoard::open(const std::string &name) {
     if (auto board = it->second.lock()) return board;
   const int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
   if (fd < 0) return nullptr;
-  struct stat st{};
+  struct stat st {};
   void *map = MAP_FAILED;
   if (fstat(fd, &st) == 0 && static_cast<size_t>(st.st_size) >= kBoardBytes)
     map = mmap(nullptr, kBoardBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);

@@ -44,7 +44,7 @@
 namespace gpusock::wire::fabric::shm {
 
 constexpr uint32_t kHintSlots = 65536;
-constexpr uint32_t kBoardGroups = 1024;  // group 0 is none
+constexpr uint32_t kBoardGroups = 1024;   // group 0 is none
 constexpr uint16_t kSharedSlot = 0xffff;  // watched by two groups: wakes neither
 constexpr int kSlotQuarantineMs = 1000;
 constexpr char kHintsSuffix[] = ".hints";

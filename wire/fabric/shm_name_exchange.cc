@@ -7,6 +7,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdint>
 
 namespace gpusock::wire::fabric::shm {
@@ -44,11 +45,18 @@ struct Freestack {
 constexpr size_t kFreestackNextOffset = 28;
 static_assert(offsetof(Freestack, top) == 26, "shm 1.17 freestack");
 
-bool openable(const char *name) {
+enum class Openable { kYes, kNever, kNotNow };
+
+// kNotNow sets *why to -EMFILE or -ENFILE.
+Openable try_open(const char *name, int *why) {
   const int fd = shm_open(name, O_RDWR | O_CLOEXEC, 0);
-  if (fd < 0) return false;  // gone, another user's, or no descriptor for shm either
-  close(fd);
-  return true;
+  if (fd >= 0) {
+    close(fd);
+    return Openable::kYes;
+  }
+  if (errno != EMFILE && errno != ENFILE) return Openable::kNever;  // gone or another user's
+  *why = -errno;
+  return Openable::kNotNow;
 }
 
 }  // namespace
@@ -74,19 +82,19 @@ bool NameExchangeGuard::open(const std::string &name) {
   return true;
 }
 
-int NameExchangeGuard::drop_unopenable() {
-  if (base_ == nullptr) return 0;
+NameExchangeGuard::Screened NameExchangeGuard::screen() {
+  Screened out;
+  if (base_ == nullptr) return out;
   char *base = static_cast<char *>(base_);
   auto *queue = reinterpret_cast<ShmCirqueHead *>(base + cmd_queue_offset_);
-  if (__atomic_load_n(&queue->wcnt, __ATOMIC_ACQUIRE) == __atomic_load_n(&queue->rcnt, __ATOMIC_RELAXED)) return 0;
+  if (__atomic_load_n(&queue->wcnt, __ATOMIC_ACQUIRE) == __atomic_load_n(&queue->rcnt, __ATOMIC_RELAXED)) return out;
   auto *pool = reinterpret_cast<Freestack *>(base + inject_pool_offset_);
   if (cmd_queue_offset_ + sizeof(ShmCirqueHead) + queue->size * kCmdSize > size_ || pool->object_size == 0 ||
       inject_pool_offset_ + pool->entry_base_offset + pool->size * pool->object_size > size_) {
-    return 0;
+    return out;
   }
   const uint64_t buffers = inject_pool_offset_ + pool->entry_base_offset;
   auto *next = reinterpret_cast<int16_t *>(base + inject_pool_offset_ + kFreestackNextOffset);
-  int dropped = 0;
   pthread_spin_lock(reinterpret_cast<pthread_spinlock_t *>(lock_));  // as shm's progress and its senders
   for (size_t i = queue->rcnt; i != queue->wcnt; ++i) {
     auto *cmd = reinterpret_cast<CmdHeader *>(base + cmd_queue_offset_ + sizeof(ShmCirqueHead) +
@@ -95,16 +103,19 @@ int NameExchangeGuard::drop_unopenable() {
     const uint64_t at = cmd->src_data - buffers;
     if (at % pool->object_size != 0 || at / pool->object_size >= pool->size) continue;
     const char *name = base + cmd->src_data;
-    if (cmd->size == 0 || cmd->size > kNameMax || name[cmd->size - 1] != '\0' || openable(name)) continue;
+    if (cmd->size == 0 || cmd->size > kNameMax || name[cmd->size - 1] != '\0') continue;
+    const Openable open = try_open(name, &out.why);
+    if (open == Openable::kNotNow) out.held = true;
+    if (open != Openable::kNever) continue;
     cmd->op = kOpDiscarded;
     const auto index = static_cast<int16_t>(at / pool->object_size);  // smr_freestack_push
     next[index] = pool->top;
     pool->top = index;
     ++pool->free;
-    ++dropped;
+    ++out.dropped;
   }
   pthread_spin_unlock(reinterpret_cast<pthread_spinlock_t *>(lock_));
-  return dropped;
+  return out;
 }
 
 }  // namespace gpusock::wire::fabric::shm

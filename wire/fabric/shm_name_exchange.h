@@ -8,10 +8,12 @@
 // dereferences a null region: the listener's whole process dies in
 // fi_cq_read. A listener therefore looks at its queue before each progress
 // pass, under the region's lock as shm does, and turns every name exchange
-// whose region it cannot open into a no-op (an operation shm discards
-// without a look), returning its inject buffer to the pool. The client then
-// waits without an answer, as a kernel TCP client whose SYN a full server
-// dropped; it was gone or refused already in the first two cases.
+// whose region is gone or not ours to open into a no-op (an operation shm
+// discards without a look), returning its inject buffer to the pool: that
+// client was gone or refused already. One it cannot open for want of a
+// descriptor (EMFILE, ENFILE) stays queued and the pass waits, as the
+// kernel keeps a connection in the backlog of a server out of descriptors:
+// the client is taken once descriptors are free.
 //
 // Needs shm's region layout (shm_region.h): a region whose head does not
 // check out is left alone.
@@ -31,9 +33,13 @@ class NameExchangeGuard {
 
   // Our own endpoint's region `name`. False: no guard (another layout).
   bool open(const std::string &name);
-  // Before a progress pass of that endpoint (its owner only): how many name
-  // exchanges were turned into no-ops.
-  int drop_unopenable();
+  // Before a progress pass of that endpoint (its owner only).
+  struct Screened {
+    int dropped = 0;    // name exchanges turned into no-ops
+    bool held = false;  // one waits for a descriptor: no progress pass now
+    int why = 0;        // then -EMFILE or -ENFILE
+  };
+  Screened screen();
 
  private:
   void *base_ = nullptr;

@@ -272,7 +272,7 @@ bool read_rendezvous(const std::string &name, Rendezvous *out, uid_t *owner) {
   // Locked (a listener holds it), valid, and the listener's process alive (a
   // lock can outlive its listener in a descendant that inherited the fd).
   bool ok = locked_by_someone(fd) && read_content(fd, out) && content_owner_alive(*out);
-  struct stat st{};
+  struct stat st {};
   if (ok && owner != nullptr) {
     ok = fstat(fd, &st) == 0;
     *owner = st.st_uid;

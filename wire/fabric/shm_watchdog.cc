@@ -24,9 +24,8 @@ constexpr uint64_t kDeadHolderMs = 1000;
 constexpr int kWatchdogTickMs = 10;
 // A listener region's lock is looked at this often while it is free: a lock
 // that stays held is released after kStuckLockMs anyway, so an idle server's
-// watchdog wakes once a second, not 100 times (~0.26 ms of CPU a second with
-// 100 connections, docs/performance.md) nor 4 (the idle-server rows' ticks),
-// and the release comes at most this much later.
+// watchdog wakes once a second, not every tick (docs/performance.md, the idle
+// rows), and the release comes at most this much later.
 constexpr int kStuckIdleTickMs = 1000;
 
 int pidfd_open(pid_t pid) { return static_cast<int>(syscall(SYS_pidfd_open, pid, 0)); }

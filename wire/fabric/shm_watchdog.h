@@ -58,8 +58,8 @@ struct PeerPidfd {
   ~PeerPidfd();
   const int fd;
   const int epfd;
-  const uint64_t id;       // the epoll event's data: never reused, unlike an address
-  bool in_epoll = true;    // until the process died (level-triggered: taken out then)
+  const uint64_t id;     // the epoll event's data: never reused, unlike an address
+  bool in_epoll = true;  // until the process died (level-triggered: taken out then)
 };
 
 // One watched peer (or, in stuck mode, one listener region). For a peer,
@@ -73,7 +73,7 @@ struct PeerWatch {
   bool stuck_mode = false;
   bool own_lock_pending = false;  // dead, and our region's lock not yet settled
   uint64_t held_since_ms = 0;
-  std::string wake_path;  // the bell to ring when the peer dies
+  std::string wake_path;             // the bell to ring when the peer dies
   std::shared_ptr<HintBoard> board;  // and the hint to mark (its sleep group may watch it)
   int32_t slot = -1;
   std::vector<std::unique_ptr<RegionLock>> locks;
@@ -131,9 +131,8 @@ class ShmWatchdog {
   // When `pid` dies: mark the watch dead, ring the bell at `wake_path`, mark
   // `slot` on `board` (if any), and release the regions' locks. nullptr if
   // the watchdog cannot run.
-  std::shared_ptr<PeerWatch> watch_pid(pid_t pid, const std::vector<std::string> &regions,
-                                       const std::string &wake_path, std::shared_ptr<HintBoard> board = nullptr,
-                                       int32_t slot = -1);
+  std::shared_ptr<PeerWatch> watch_pid(pid_t pid, const std::vector<std::string> &regions, const std::string &wake_path,
+                                       std::shared_ptr<HintBoard> board = nullptr, int32_t slot = -1);
   // Release `region`'s lock when it stays held for kStuckLockMs.
   std::shared_ptr<PeerWatch> watch_stuck(const std::string &region);
   void unwatch(const std::shared_ptr<PeerWatch> &watch);
@@ -143,7 +142,7 @@ class ShmWatchdog {
 
  private:
   static void add_locks(PeerWatch *watch, const std::vector<std::string> &regions);
-  bool start_locked();  // the thread, its epoll set and wake fd (mu_ held)
+  bool start_locked();               // the thread, its epoll set and wake fd (mu_ held)
   int next_timer_ms_locked() const;  // until the first timer; -1: none
   void ring_due_locked();
   // The shared pidfd of `pid` (mu_ held): the one a live watch holds, else a

@@ -125,11 +125,10 @@ T with_socket(int fd, F f) {
   });
 }
 
-int register_accepted(std::unique_ptr<StreamSocket> child, int flags, sockaddr *addr, socklen_t *addrlen) {
-  if (flags & ~(SOCK_NONBLOCK | SOCK_CLOEXEC)) return -EINVAL;
+int register_accepted(std::unique_ptr<StreamSocket> child, int flags, sockaddr *addr, socklen_t *addrlen, int number) {
   child->set_nonblocking(flags & SOCK_NONBLOCK);  // accepted sockets start blocking, as with TCP
   if (addr && addrlen) child->getpeername(addr, addrlen);
-  return Engine::get().add(std::shared_ptr<StreamSocket>(std::move(child)), flags & SOCK_CLOEXEC);
+  return Engine::get().add_at(std::shared_ptr<StreamSocket>(std::move(child)), number);
 }
 
 }  // namespace
@@ -161,7 +160,7 @@ int gs_socket(int domain, int type, int protocol) {
     int status = 0;
     auto *transport = Engine::get().domain(&status);
     if (!transport) return finish(status);
-    auto socket = std::make_shared<StreamSocket>(transport, domain);
+    auto socket = std::make_shared<StreamSocket>(Engine::get(), transport, domain);
     socket->set_nonblocking(type & SOCK_NONBLOCK);
     return finish(Engine::get().add(std::move(socket), type & SOCK_CLOEXEC));
   });
@@ -200,10 +199,19 @@ int gs_accept4(int fd, struct sockaddr *addr, socklen_t *addrlen, int flags) {
     int status = 0;
     auto listener = lookup(fd, &status);
     if (!listener) return finish(status);
+    if (flags & ~(SOCK_NONBLOCK | SOCK_CLOEXEC)) return finish(-EINVAL);
     std::unique_ptr<StreamSocket> child;
     status = listener->accept(&child, !listener->nonblocking());
     if (status < 0) return finish(status);
-    return finish(register_accepted(std::move(child), flags, addr, addrlen));
+    // A connection leaves the queue only with a number to go to: without one
+    // it goes back to the head, as the kernel's accept fails with EMFILE and
+    // leaves it queued.
+    const int number = Engine::get().reserve_number(flags & SOCK_CLOEXEC);
+    if (number < 0) {
+      listener->return_accepted(std::move(child));
+      return finish(number);
+    }
+    return finish(register_accepted(std::move(child), flags, addr, addrlen, number));
   });
 }
 

@@ -1,4 +1,6 @@
 #include "wire/socket/engine.h"
+#include "wire/config.h"
+#include "wire/log.h"
 #include "wire/socket/waiting.h"
 
 #include <fcntl.h>
@@ -21,42 +23,6 @@ namespace gpusock::socket {
 
 namespace {
 
-bool parse_long(const char *text, long lo, long hi, long *out) {
-  char *end = nullptr;
-  errno = 0;
-  const long n = std::strtol(text, &end, 0);
-  while (*end == '\n' || *end == ' ' || *end == '\t') ++end;
-  if (end == text || *end != '\0' || errno || n < lo || n > hi) return false;
-  *out = n;
-  return true;
-}
-
-long env_long(const char *name, long fallback, long lo, long hi) {
-  const char *v = std::getenv(name);
-  long n;
-  return v && *v && parse_long(v, lo, hi, &n) ? n : fallback;
-}
-
-// A default as rsocket takes it: the environment variable, else rsocket's
-// file of that name (/etc/rdma/rsocket, or GPUSOCK_RSOCKET_CONF_DIR), else
-// the built-in value (§2.10). *chosen: whether the variable or file said.
-long env_or_rsocket_file(const char *env, const char *file, long fallback, long lo, long hi, bool *chosen = nullptr) {
-  if (chosen != nullptr) *chosen = true;
-  if (const char *v = std::getenv(env); v && *v) return env_long(env, fallback, lo, hi);
-  const char *dir = std::getenv("GPUSOCK_RSOCKET_CONF_DIR");
-  const std::string path = std::string(dir && *dir ? dir : "/etc/rdma/rsocket") + "/" + file;
-  char text[64] = {};
-  if (FILE *f = std::fopen(path.c_str(), "r")) {
-    const size_t got = std::fread(text, 1, sizeof text - 1, f);
-    std::fclose(f);
-    text[got] = '\0';
-    long n;
-    if (parse_long(text, lo, hi, &n)) return n;
-  }
-  if (chosen != nullptr) *chosen = false;
-  return fallback;
-}
-
 void sleep_us(long us) {
   timespec ts{us / 1000000, (us % 1000000) * 1000};
   nanosleep(&ts, nullptr);
@@ -76,43 +42,22 @@ Engine &Engine::get() {
 }
 
 Engine::Engine() {
-  // rsocket's defaults (§2.10), overridable per process and by rsocket's files.
-  bool chosen = false;
-  defaults_.rbuf_size = static_cast<uint32_t>(
-      env_or_rsocket_file("GPUSOCK_MEM_DEFAULT", "mem_default", wire::kDefaultBufSize, 4096, 1 << 30, &chosen));
-  defaults_.rbuf_auto = !chosen;
-  defaults_.sbuf_size = static_cast<uint32_t>(
-      env_or_rsocket_file("GPUSOCK_WMEM_DEFAULT", "wmem_default", wire::kDefaultBufSize, 4096, 1 << 30, &chosen));
-  defaults_.sbuf_auto = !chosen;
+  // rsocket's defaults (§2.10): the environment, else rsocket's files (wire/config.h).
+  using config::Id;
+  defaults_.rbuf_size = static_cast<uint32_t>(config::get(Id::kMemDefault));
+  defaults_.rbuf_auto = !config::is_set(Id::kMemDefault);
+  defaults_.sbuf_size = static_cast<uint32_t>(config::get(Id::kWmemDefault));
+  defaults_.sbuf_auto = !config::is_set(Id::kWmemDefault);
   // Unchosen rings grow to GPUSOCK_RING_LARGE (0: never) while the process
   // holds less than GPUSOCK_RING_BUDGET_MB of grown rings (ring_budget.h).
-  ring_budget_.configure(static_cast<uint32_t>(env_long("GPUSOCK_RING_LARGE", 4 << 20, 0, 1 << 30)),
-                         static_cast<size_t>(env_long("GPUSOCK_RING_BUDGET_MB", 64, 0, 1 << 20)) << 20);
-  defaults_.sq_size = static_cast<uint16_t>(
-      env_or_rsocket_file("GPUSOCK_SQSIZE", "sqsize_default", wire::kDefaultSqSize, 16, wire::kQpMaxSize));
-  defaults_.rq_size = static_cast<uint16_t>(
-      env_or_rsocket_file("GPUSOCK_RQSIZE", "rqsize_default", wire::kDefaultRqSize, 16, wire::kQpMaxSize));
-  defaults_.inline_size =
-      static_cast<uint32_t>(env_or_rsocket_file("GPUSOCK_INLINE", "inline_default", wire::kDefaultInline, 0, 65535));
-  close_flush_s_ = static_cast<int>(env_long("GPUSOCK_CLOSE_FLUSH_S", 10, 0, 3600));
-  if (env_long("GPUSOCK_ZCOPY", 1, 0, 1) != 0) zcopy_min_ = env_long("GPUSOCK_ZCOPY_MIN", 64 << 10, 4096, 1L << 30);
-  zcopy_cache_bytes_ = static_cast<size_t>(env_long("GPUSOCK_ZCOPY_CACHE_MB", 256, 1, 1 << 20)) << 20;
-  const char *level = std::getenv("GPUSOCK_LOG");
-  if (level) {
-    if (!std::strcmp(level, "debug")) log_level_ = 2;
-    else if (!std::strcmp(level, "info") || !std::strcmp(level, "warn")) log_level_ = 1;
-    else log_level_ = static_cast<int>(env_long("GPUSOCK_LOG", 0, 0, 3));
-  }
-}
-
-void Engine::log(int level, const char *fmt, ...) const {
-  if (level > log_level_) return;
-  char line[512];
-  va_list ap;
-  va_start(ap, fmt);
-  std::vsnprintf(line, sizeof line, fmt, ap);
-  va_end(ap);
-  std::fprintf(stderr, "gpusock[%d]: %s\n", getpid(), line);
+  ring_budget_.configure(static_cast<uint32_t>(config::get(Id::kRingLarge)),
+                         static_cast<size_t>(config::get(Id::kRingBudgetMb)) << 20);
+  defaults_.sq_size = static_cast<uint16_t>(config::get(Id::kSqSize));
+  defaults_.rq_size = static_cast<uint16_t>(config::get(Id::kRqSize));
+  defaults_.inline_size = static_cast<uint32_t>(config::get(Id::kInline));
+  close_flush_s_ = static_cast<int>(config::get(Id::kCloseFlushS));
+  if (config::get(Id::kZcopy) != 0) zcopy_min_ = config::get(Id::kZcopyMin);
+  zcopy_cache_bytes_ = static_cast<size_t>(config::get(Id::kZcopyCacheMb)) << 20;
 }
 
 // Rings registered with a pinning transport count against RLIMIT_MEMLOCK:
@@ -131,7 +76,7 @@ wire::Domain *Engine::domain(int *status) {
     if (!domain_opened_) {
       domain_status_ = wire::open_domain(inherited_transport_, &domain_, &domain_error_);
       if (domain_status_ == 0) {
-        log(1, "transport %s", domain_->caps().name);
+        log::write(log::kInfo, "socket", "transport %s", domain_->caps().name);
         limit_ring_budget_to_memlock();
         opened_domain_.store(domain_.get(), std::memory_order_release);
       }
@@ -153,7 +98,7 @@ RegCache *Engine::reg_cache() {
     reg_cache_tried_ = true;
     if (UnmapMonitor *monitor = UnmapMonitor::get())
       reg_cache_ = std::make_unique<RegCache>(domain_.get(), monitor, zcopy_cache_bytes_);
-    else log(1, "zero-copy sends off: no userfaultfd to watch registered memory");
+    else log::write(log::kInfo, "socket", "zero-copy sends off: no userfaultfd to watch registered memory");
   }
   return reg_cache_.get();
 }
@@ -169,8 +114,16 @@ void Engine::start_background() {
 }
 
 int Engine::add(std::shared_ptr<StreamSocket> socket, bool cloexec) {
+  const int fd = reserve_number(cloexec);
+  return fd < 0 ? fd : add_at(std::move(socket), fd);
+}
+
+int Engine::reserve_number(bool cloexec) {
   const int fd = eventfd(0, EFD_NONBLOCK | (cloexec ? EFD_CLOEXEC : 0));
-  if (fd < 0) return -errno;
+  return fd < 0 ? -errno : fd;
+}
+
+int Engine::add_at(std::shared_ptr<StreamSocket> socket, int fd) {
   {
     std::lock_guard lock(table_mu_);
     socket->fd_refs.fetch_add(1);
@@ -414,8 +367,9 @@ void Engine::adopt_if_cloned() {
   new (&table_mu_) std::mutex();
   fork_prepare();
   fork_child();
-  log(1, "process %d made by a clone that ran no fork handlers: its parent's sockets are left to the parent",
-      static_cast<int>(self));
+  log::write(log::kInfo, "socket",
+             "process %d made by a clone that ran no fork handlers: its parent's sockets are left to the parent",
+             static_cast<int>(self));
 }
 
 }  // namespace gpusock::socket

@@ -7,6 +7,7 @@
 #include "wire/socket/fd_table.h"
 #include "wire/socket/reg_cache.h"
 #include "wire/socket/ring_budget.h"
+#include "wire/socket/socket_context.h"
 #include "wire/socket/spin_pause.h"
 #include "wire/socket/stream_socket.h"
 
@@ -21,7 +22,8 @@
 
 namespace gpusock::socket {
 
-class Engine {
+// The engine is its sockets' context (socket_context.h).
+class Engine final : public SocketContext {
  public:
   static Engine &get();
 
@@ -34,6 +36,10 @@ class Engine {
   // Reserves an fd (an eventfd, so fd numbers never collide with the kernel's)
   // for the socket. Returns the fd or a negated errno.
   int add(std::shared_ptr<StreamSocket> socket, bool cloexec);
+  // The same in two steps: a number first (or -EMFILE, -ENFILE), then the
+  // socket under it (add closes the number if that fails).
+  int reserve_number(bool cloexec);
+  int add_at(std::shared_ptr<StreamSocket> socket, int number);
   std::shared_ptr<StreamSocket> find(int fd) const;
   // Removes the fd; once no fd refers to the socket it finishes closing in the
   // background.
@@ -45,18 +51,17 @@ class Engine {
   // domain, made on the first large send (with the thread that watches its
   // memory); nullptr when zero-copy is off (GPUSOCK_ZCOPY=0) or cannot be
   // done safely here (no userfaultfd); and the smallest send that uses it.
-  RegCache *reg_cache();
-  size_t zcopy_min() const { return zcopy_min_; }
+  RegCache *reg_cache() override;
+  size_t zcopy_min() const override { return zcopy_min_; }
 
-  const SocketOptions &default_options() const { return defaults_; }
+  const SocketOptions &default_options() const override { return defaults_; }
   // Grown rings for connections whose ring sizes nobody chose.
-  RingBudget &ring_budget() { return ring_budget_; }
+  RingBudget &ring_budget() override { return ring_budget_; }
   // A socket gained work for the background thread (a listener, a connect
   // under way, bytes waiting for credits, keepalive, a close): wakes the
   // thread if it sleeps. An atomic add and a load when it does not.
-  void kick();
-  int close_flush_seconds() const { return close_flush_s_; }
-  void log(int level, const char *fmt, ...) const __attribute__((format(printf, 3, 4)));
+  void kick() override;
+  int close_flush_seconds() const override { return close_flush_s_; }
 
   // pthread_atfork handlers (also gs_fork_*, for raw clones): the child of
   // fork() cannot use the parent's transport state (threads are gone;
@@ -113,7 +118,6 @@ class Engine {
   SocketOptions defaults_;
   RingBudget ring_budget_;
   int close_flush_s_ = 10;
-  int log_level_ = 0;
 };
 
 }  // namespace gpusock::socket

@@ -1,4 +1,6 @@
 #include "wire/socket/ready_set.h"
+#include "wire/config.h"
+#include "wire/log.h"
 
 #include "wire/socket/engine.h"
 #include "wire/socket/waiting.h"
@@ -52,16 +54,16 @@ void log_stats_at_exit() {
     for (const ReadySet *set : r.live) sum_into(sum, set->stats());
   }
   const auto get = [](const std::atomic<uint64_t> &c) { return static_cast<unsigned long long>(c.load()); };
-  Engine::get().log(1,
-                    "readiness sets: %llu passes (%llu full, %llu empty), %llu looks, %llu ready, %llu looked at "
-                    "again for want of hints, %llu hinted; %llu sleeps arming %llu members one by one",
-                    get(sum.passes), get(sum.full_passes), get(sum.empty_passes), get(sum.looks), get(sum.reported),
-                    get(sum.not_quiet), get(sum.hinted), get(sum.sleeps), get(sum.sleep_arms));
+  log::write(log::kInfo, "socket",
+             "readiness sets: %llu passes (%llu full, %llu empty), %llu looks, %llu ready, %llu looked at "
+             "again for want of hints, %llu hinted; %llu sleeps arming %llu members one by one",
+             get(sum.passes), get(sum.full_passes), get(sum.empty_passes), get(sum.looks), get(sum.reported),
+             get(sum.not_quiet), get(sum.hinted), get(sum.sleeps), get(sum.sleep_arms));
 }
 
 }  // namespace
 
-ReadySet::ReadySet() : full_every_(std::chrono::milliseconds(env_or("GPUSOCK_READY_SET_FULL_MS", 10))) {
+ReadySet::ReadySet() : full_every_(std::chrono::milliseconds(config::get(config::Id::kReadySetFullMs))) {
   Registry &r = registry();
   std::lock_guard lock(r.mu);
   if (!r.logging) {
@@ -215,7 +217,7 @@ bool ReadySet::begin_sleep(std::vector<SleepMember> *out, int *group_fd) {
   std::lock_guard lock(mu_);
   refresh_group_locked();
   if (group_) {
-    group_->arm();  // then take the hints (shm_hints.h), and see whether
+    group_->arm();           // then take the hints (shm_hints.h), and see whether
     refresh_group_locked();  // another set began watching a member meanwhile
   }
   if (take_hints_locked() > 0) {

@@ -79,11 +79,11 @@ class ReadySet {
   // What the passes did (GPUSOCK_LOG=info prints the process's sums at exit).
   struct Stats {
     std::atomic<uint64_t> passes{0}, full_passes{0}, empty_passes{0};
-    std::atomic<uint64_t> looks{0};      // members looked at
-    std::atomic<uint64_t> reported{0};   // of those, ready
-    std::atomic<uint64_t> not_quiet{0};  // not ready, looked at again for want of hints
-    std::atomic<uint64_t> hinted{0};     // members the transport's hints named
-    std::atomic<uint64_t> sleeps{0};     // sleeps begun
+    std::atomic<uint64_t> looks{0};       // members looked at
+    std::atomic<uint64_t> reported{0};    // of those, ready
+    std::atomic<uint64_t> not_quiet{0};   // not ready, looked at again for want of hints
+    std::atomic<uint64_t> hinted{0};      // members the transport's hints named
+    std::atomic<uint64_t> sleeps{0};      // sleeps begun
     std::atomic<uint64_t> sleep_arms{0};  // members those sleeps armed one by one
   };
   const Stats &stats() const { return stats_; }
@@ -126,7 +126,7 @@ class ReadySet {
     int waker;  // the thread's (thread_waker_fd)
     std::vector<std::shared_ptr<StreamSocket>> armed;
   };
-  std::vector<Sleeper> sleepers_;  // threads between begin_sleep and end_sleep
+  std::vector<Sleeper> sleepers_;             // threads between begin_sleep and end_sleep
   std::vector<uint64_t> mask_;                // the members' slots, bit s % 64 of word s / 64
   std::unordered_map<int32_t, int> slot_fd_;  // slot -> member fd
   std::vector<int> look_;                     // members the next pass looks at

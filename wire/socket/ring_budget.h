@@ -4,7 +4,7 @@
 // address and size in the connection record, and gpusock's own senders keep
 // every advert inside it), so rings cannot grow under a live connection the
 // way kernel TCP's buffers autotune. What can adapt is the size a new
-// connection gets: large rings stream 1.5-2x faster than rsocket's 128 KiB
+// connection gets: large rings stream faster than rsocket's 128 KiB
 // (docs/performance.md), but a server with a thousand connections cannot give
 // each of them megabytes. So a process holds a budget of "grown" ring bytes:
 // a connection whose sizes nobody set (no SO_RCVBUF/SO_SNDBUF, no

@@ -4,24 +4,18 @@
 // whether another thread wants the core).
 #pragma once
 
+#include "wire/spin_lock.h"
+
 #include <sched.h>
 
 namespace gpusock::socket {
 
+using wire::cpu_relax;
+
 // A pause instruction, and every 64th step a yield, so a spinning caller
 // costs no system call per poll yet still lets a peer (or a lock holder) on
-// an oversubscribed machine run. One pause, not eight: data that lands
-// during the pauses waits for them to end, and eight (~0.2 us on an EPYC,
-// more where a pause is 140 cycles) made the shm round trip ~17 % slower
-// (docs/performance.md).
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
-
+// an oversubscribed machine run. One pause, not several: data that lands
+// during the pauses waits for them to end.
 inline void spin_pause(unsigned step) {
   if (step % 64 == 63) {
     sched_yield();

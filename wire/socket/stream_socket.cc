@@ -1,6 +1,8 @@
 #include "wire/socket/stream_socket.h"
+#include "wire/log.h"
 
-#include "wire/socket/engine.h"
+#include "wire/socket/ring_budget.h"
+#include "wire/socket_rules.h"
 
 #include <gpusock/socket.h>
 
@@ -60,9 +62,9 @@ void set_last_error(const char *fmt, ...) {
 
 const char *last_error() { return t_last_error; }
 
-StreamSocket::StreamSocket(Domain *domain, int family)
-    : domain_(domain), family_(family), conn_(domain, &StreamSocket::on_driver_error, this) {
-  options_ = Engine::get().default_options();
+StreamSocket::StreamSocket(SocketContext &context, Domain *domain, int family)
+    : context_(context), domain_(domain), family_(family), conn_(domain, &StreamSocket::on_driver_error, this) {
+  options_ = context_.default_options();
 }
 
 namespace {
@@ -99,7 +101,7 @@ StreamSocket::~StreamSocket() {
   accept_queue_.clear();
   listener_.reset();
   conn_.release();
-  Engine::get().ring_budget().release(grown_ring_bytes_);
+  context_.ring_budget().release(grown_ring_bytes_);
 }
 
 int StreamSocket::fail_locked(int err, const char *why) {
@@ -119,7 +121,7 @@ void StreamSocket::note_error_locked(int err, const char *why) {
 
 // The driver's failures (a refused connect, a hostile peer), with mu_ held.
 void StreamSocket::on_driver_error(void *self, gs_status_t err, const char *why) {
-  Engine::get().log(1, "connection failed: %s (%s)", why, gs_status_name(err));
+  log::write(log::kInfo, "socket", "connection failed: %s (%s)", why, gs_status_name(err));
   static_cast<StreamSocket *>(self)->note_error_locked(err, why);
 }
 
@@ -136,10 +138,7 @@ std::string StreamSocket::error_text() {
 int StreamSocket::bind(const sockaddr *addr, socklen_t len) {
   std::lock_guard lock(mu_);
   if (role_ != Role::kNew) return -EINVAL;
-  if (!addr || len < sizeof(sa_family_t) || len > sizeof(sockaddr_storage)) return -EINVAL;
-  if (addr->sa_family != family_) return -EAFNOSUPPORT;
-  if ((family_ == AF_INET && len < sizeof(sockaddr_in)) || (family_ == AF_INET6 && len < sizeof(sockaddr_in6)))
-    return -EINVAL;
+  if (const int rc = rules::check_address(addr, len, family_); rc < 0) return rc;
   std::memcpy(&local_addr_, addr, len);
   local_len_ = len;
   role_ = Role::kBound;
@@ -148,14 +147,10 @@ int StreamSocket::bind(const sockaddr *addr, socklen_t len) {
 
 int StreamSocket::listen(int backlog) {
   std::lock_guard lock(mu_);
-  backlog_ = std::clamp(backlog <= 0 ? 1 : backlog, 1, 4096);
+  backlog_ = rules::clamp_backlog(backlog);
   if (role_ == Role::kListening) return 0;
   if (role_ != Role::kNew && role_ != Role::kBound) return -EINVAL;
-  if (role_ == Role::kNew) {  // like TCP: listen on an unbound socket picks any address, any port
-    std::memset(&local_addr_, 0, sizeof local_addr_);
-    local_addr_.ss_family = static_cast<sa_family_t>(family_);
-    local_len_ = family_ == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
-  }
+  if (role_ == Role::kNew) local_len_ = rules::any_address(family_, &local_addr_);
   ListenOptions listen_options;
   listen_options.v6only = family_ == AF_INET6 && v6only();
   int rc =
@@ -166,7 +161,7 @@ int StreamSocket::listen(int backlog) {
   }
   listener_->local_address(&local_addr_, &local_len_);
   role_ = Role::kListening;
-  Engine::get().kick();  // it accepts handshakes from now on
+  context_.kick();  // it accepts handshakes from now on
   return 0;
 }
 
@@ -174,16 +169,16 @@ int StreamSocket::listen(int backlog) {
 // Unchosen sizes are decided here, once: grown rings while the process's
 // budget lasts (ring_budget.h).
 wire::DriverConfig StreamSocket::driver_config() {
-  RingBudget &budget = Engine::get().ring_budget();
+  RingBudget &budget = context_.ring_budget();
   grown_ring_bytes_ += budget.reserve(options_.rbuf_auto, &options_.rbuf_size, options_.sbuf_auto, &options_.sbuf_size);
   if (budget.first_refusal())
-    Engine::get().log(1,
-                      "%zu MiB of grown rings in use: further connections get the default rings until some close "
-                      "(GPUSOCK_RING_BUDGET_MB, GPUSOCK_RING_LARGE)",
-                      budget.held() >> 20);
+    log::write(log::kInfo, "socket",
+               "%zu MiB of grown rings in use: further connections get the default rings until some close "
+               "(GPUSOCK_RING_BUDGET_MB, GPUSOCK_RING_LARGE)",
+               budget.held() >> 20);
   options_.rbuf_auto = options_.sbuf_auto = false;
-  options_.rbuf_size = receive_ring_size(options_.rbuf_size);
-  options_.sbuf_size = std::max<uint32_t>(options_.sbuf_size, 4096);
+  options_.rbuf_size = rules::receive_ring_size(options_.rbuf_size);
+  options_.sbuf_size = rules::send_ring_size(options_.sbuf_size);
   wire::DriverConfig config;
   config.rbuf_size = options_.rbuf_size;
   config.sbuf_size = options_.sbuf_size;
@@ -207,8 +202,7 @@ int StreamSocket::connect(const sockaddr *addr, socklen_t len) {
     default:
       break;
   }
-  if (!addr || len > sizeof(sockaddr_storage)) return -EINVAL;
-  if (addr->sa_family != family_) return -EAFNOSUPPORT;
+  if (const int rc = rules::check_address(addr, len, family_); rc < 0) return rc;
   std::memcpy(&peer_addr_, addr, len);
   peer_len_ = len;
   const int rc = conn_.connect(addr, len, driver_config());
@@ -226,7 +220,7 @@ int StreamSocket::connect(const sockaddr *addr, socklen_t len) {
   }
   role_ = Role::kConnecting;
   count_connect_locked(true);
-  Engine::get().kick();  // the handshake goes on in the background (and on-demand listeners take requests)
+  context_.kick();  // the handshake goes on in the background (and on-demand listeners take requests)
   if (nonblocking_) return -EINPROGRESS;
   return wait_connected_locked(lock);
 }
@@ -247,17 +241,23 @@ int StreamSocket::accept(std::unique_ptr<StreamSocket> *out, bool wait) {
   if (accept_queue_.empty()) {
     if (!wait) {
       progress_locked();
-      if (accept_queue_.empty()) return -EAGAIN;
+      if (accept_queue_.empty()) return listener_short_ != 0 ? listener_short_ : -EAGAIN;
     } else {
       int rc = wait_locked(
-          lock, [&] { return !accept_queue_.empty() || role_ != Role::kListening; }, -1);
+          lock, [&] { return !accept_queue_.empty() || listener_short_ != 0 || role_ != Role::kListening; }, -1);
       if (rc < 0) return rc;
       if (role_ != Role::kListening) return -EINVAL;
+      if (accept_queue_.empty()) return listener_short_;
     }
   }
   *out = std::move(accept_queue_.front());
   accept_queue_.pop_front();
   return 0;
+}
+
+void StreamSocket::return_accepted(std::unique_ptr<StreamSocket> child) {
+  std::lock_guard lock(mu_);
+  accept_queue_.push_front(std::move(child));
 }
 
 // Advances handshakes in flight and takes new requests while under the
@@ -276,19 +276,23 @@ bool StreamSocket::accept_requests_locked(bool by_application) {
     accepting_.erase(accepting_.begin() + static_cast<long>(i));
   }
   if (!takes_requests(by_application)) return did;
-  const auto rejected = [](void *, int, const char *why) { Engine::get().log(1, "rejecting connection: %s", why); };
+  const auto rejected = [](void *, int, const char *why) {
+    log::write(log::kInfo, "socket", "rejecting connection: %s", why);
+  };
   while (accepting_.size() + accept_queue_.size() < static_cast<size_t>(backlog_)) {
     std::unique_ptr<ConnectionRequest> request;
     ConnRecord peer;
-    if (next_valid_request(*listener_, &request, &peer, rejected, nullptr) <= 0) break;
+    const int got = next_valid_request(*listener_, &request, &peer, rejected, nullptr);
+    listener_short_ = got == -EMFILE || got == -ENFILE ? got : 0;
+    if (got <= 0) break;
     did = true;
-    auto child = std::make_unique<StreamSocket>(domain_, family_);
+    auto child = std::make_unique<StreamSocket>(context_, domain_, family_);
     child->options_ = options_;  // accepted sockets inherit the listener's options (§1.5)
     std::lock_guard child_lock(child->mu_);
     child->local_addr_ = local_addr_;
     child->local_len_ = local_len_;
     if (int rc = child->conn_.accept(request.get(), peer, child->driver_config()); rc < 0) {
-      Engine::get().log(1, "accept failed: %s", gs_status_name(rc));
+      log::write(log::kInfo, "socket", "accept failed: %s", gs_status_name(rc));
       request->reject();
       continue;
     }
@@ -298,7 +302,7 @@ bool StreamSocket::accept_requests_locked(bool by_application) {
   }
   if (accepting_.size() + accept_queue_.size() >= static_cast<size_t>(backlog_)) {
     if (const int refused = refuse_pending_requests(*listener_); refused > 0) {
-      Engine::get().log(1, "backlog of %d full: %d connection(s) refused", backlog_, refused);
+      log::write(log::kInfo, "socket", "backlog of %d full: %d connection(s) refused", backlog_, refused);
       did = true;
     }
   }
@@ -611,7 +615,7 @@ ssize_t StreamSocket::send(const iovec *iov, int iovcnt, int flags) {
     conn_.post_actions();
     // Bytes that wait for credits or an advert are the background thread's
     // to post if nobody calls in again.
-    if (conn_.core().send_unposted() > 0) Engine::get().kick();
+    if (conn_.core().send_unposted() > 0) context_.kick();
     if (done == total) return static_cast<ssize_t>(done);
     if (dontwait) return done > 0 ? static_cast<ssize_t>(done) : -EAGAIN;
     int rc = wait_locked(
@@ -634,7 +638,7 @@ void StreamSocket::begin_close() {
   std::lock_guard lock(mu_);
   closing_ = true;
   const auto linger = options_.linger_opt.l_onoff ? std::chrono::seconds(options_.linger_opt.l_linger)
-                                                  : std::chrono::seconds(Engine::get().close_flush_seconds());
+                                                  : std::chrono::seconds(context_.close_flush_seconds());
   listener_.reset();
   accepting_.clear();
   accept_queue_.clear();
@@ -697,7 +701,7 @@ short StreamSocket::readiness_locked(short requested) const {
   short ev = 0;
   switch (role_) {
     case Role::kListening:
-      if (!accept_queue_.empty()) ev |= POLLIN;
+      if (!accept_queue_.empty() || listener_short_ != 0) ev |= POLLIN;  // the kernel's: readable, accept says EMFILE
       break;
     case Role::kConnecting:
     case Role::kAccepting:

@@ -8,6 +8,7 @@
 #pragma once
 
 #include "wire/connection_driver.h"
+#include "wire/socket/socket_context.h"
 #include "wire/socket/waiting.h"
 
 #include <sys/socket.h>
@@ -50,7 +51,8 @@ enum class Role : uint8_t { kNew, kBound, kListening, kConnecting, kAccepting, k
 
 class StreamSocket {
  public:
-  StreamSocket(wire::Domain *domain, int family);
+  // context: the engine (socket_context.h); it outlives the socket.
+  StreamSocket(SocketContext &context, wire::Domain *domain, int family);
   ~StreamSocket();
   StreamSocket(const StreamSocket &) = delete;
   StreamSocket &operator=(const StreamSocket &) = delete;
@@ -62,8 +64,12 @@ class StreamSocket {
   // Socket calls. Each returns >= 0 or a negated errno.
   int bind(const sockaddr *addr, socklen_t len);
   int listen(int backlog);
-  // Takes one established connection off the accept queue (or -EAGAIN).
+  // Takes one established connection off the accept queue (or -EAGAIN; or
+  // -EMFILE/-ENFILE while a connection waits that this process has no
+  // descriptor to take).
   int accept(std::unique_ptr<StreamSocket> *out, bool wait);
+  // Puts a connection accept() gave back at the head of the queue.
+  void return_accepted(std::unique_ptr<StreamSocket> child);
   int connect(const sockaddr *addr, socklen_t len);
   ssize_t recv(const iovec *iov, int iovcnt, int flags);
   ssize_t send(const iovec *iov, int iovcnt, int flags);
@@ -166,6 +172,7 @@ class StreamSocket {
   int wait_for_locked(std::unique_lock<std::mutex> &lock, const std::function<bool()> &ready, int timeout_ms);
 
   std::mutex mu_;
+  SocketContext &context_;
   wire::Domain *domain_;
   int family_;
   std::atomic<bool> nonblocking_{false};
@@ -184,7 +191,7 @@ class StreamSocket {
   wire::ConnectionDriver conn_;
   bool closing_ = false;
   bool connect_counted_ = false;
-  size_t grown_ring_bytes_ = 0;    // taken from Engine::ring_budget(), returned when freed
+  size_t grown_ring_bytes_ = 0;    // taken from context_.ring_budget(), returned when freed
   bool zero_copy_active_ = false;  // a send writes from its caller's buffer: no one else commits
   Clock::time_point next_keepalive_{};
 
@@ -193,6 +200,7 @@ class StreamSocket {
   int backlog_ = 0;
   std::vector<std::unique_ptr<StreamSocket>> accepting_;
   std::deque<std::unique_ptr<StreamSocket>> accept_queue_;
+  int listener_short_ = 0;  // -EMFILE/-ENFILE: the listener holds a request it cannot take yet
 };
 
 // The kernel's TCP keepalive idle time (tcp_keepalive_time), the default of TCP_KEEPIDLE.

@@ -1,7 +1,7 @@
 // Socket options (setsockopt/getsockopt) and addresses of a StreamSocket.
 #include "wire/socket/stream_socket.h"
 
-#include "wire/socket/engine.h"
+#include "wire/socket_rules.h"
 
 #include <gpusock/socket.h>
 
@@ -74,7 +74,7 @@ int StreamSocket::setsockopt(int level, int name, const void *val, socklen_t len
       case SO_KEEPALIVE:
         options_.keepalive = v != 0;
         next_keepalive_ = {};
-        if (options_.keepalive) Engine::get().kick();  // its timer runs in the background
+        if (options_.keepalive) context_.kick();  // its timer runs in the background
         return 0;
       case SO_OOBINLINE:
         options_.oobinline = v != 0;
@@ -87,7 +87,7 @@ int StreamSocket::setsockopt(int level, int name, const void *val, socklen_t len
         return 0;
       case SO_SNDBUF:
         if (unconnected && v > 0) {
-          options_.sbuf_size = std::max<uint32_t>(std::min(v, 1 << 29) * 2, 4096);
+          options_.sbuf_size = rules::send_ring_size(std::min(v, 1 << 29) * 2);
           options_.sbuf_auto = false;
         }
         return 0;
@@ -143,7 +143,7 @@ int StreamSocket::setsockopt(int level, int name, const void *val, socklen_t len
   if (level == SOL_GPUSOCK && name == GS_ACCEPT_ON_DEMAND) {
     if (int rc = get_value(val, len, &v); rc < 0) return rc;
     options_.accept_on_demand = v != 0;
-    Engine::get().kick();  // the background thread takes its requests again, or stops
+    context_.kick();  // the background thread takes its requests again, or stops
     return 0;
   }
   if (level == IPPROTO_IPV6 && name == IPV6_V6ONLY) {

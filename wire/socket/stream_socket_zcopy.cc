@@ -5,7 +5,7 @@
 // their cuts are those the send ring would have made; only their local source
 // differs. The send returns once the transport has finished with every byte,
 // so the caller may reuse the buffer at once, as after any send.
-#include "wire/socket/engine.h"
+#include "wire/socket/reg_cache.h"
 #include "wire/socket/stream_socket.h"
 
 namespace gpusock::socket {
@@ -20,11 +20,10 @@ constexpr int kRetirePollMs = 100;
 }  // namespace
 
 bool StreamSocket::send_zero_copy_locked(std::unique_lock<std::mutex> &lock, const iovec &iov, ssize_t *result) {
-  Engine &engine = Engine::get();
-  if (engine.zcopy_min() == 0 || iov.iov_len < engine.zcopy_min() || zero_copy_active_ ||
+  if (context_.zcopy_min() == 0 || iov.iov_len < context_.zcopy_min() || zero_copy_active_ ||
       conn_.core().send_status() < 0)
     return false;
-  RegCache *cache = engine.reg_cache();
+  RegCache *cache = context_.reg_cache();
   RegCache::Entry *entry = cache ? cache->acquire(iov.iov_base, iov.iov_len) : nullptr;
   if (entry == nullptr) return false;
   zero_copy_active_ = true;
@@ -50,7 +49,7 @@ bool StreamSocket::send_zero_copy_locked(std::unique_lock<std::mutex> &lock, con
     done += n;
     conn_.post_actions();
   }
-  if (core.send_unposted() > 0) engine.kick();
+  if (core.send_unposted() > 0) context_.kick();
   const int retired = wait_zero_copy_retired_locked(lock, begin + done);
   conn_.clear_send_source();
   zero_copy_active_ = false;

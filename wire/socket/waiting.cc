@@ -1,5 +1,7 @@
 #include "wire/socket/waiting.h"
 
+#include "wire/config.h"
+
 #include <sched.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -30,14 +32,6 @@ thread_local std::chrono::steady_clock::time_point t_last_yield;  // or the spin
 std::atomic<int> g_spinners{0};
 
 }  // namespace
-
-int64_t env_or(const char *name, int64_t fallback) {
-  const char *v = std::getenv(name);
-  if (!v || !*v) return fallback;
-  char *end = nullptr;
-  const long long n = std::strtoll(v, &end, 0);
-  return (*end == '\0' && n >= 0) ? n : fallback;
-}
 
 int thread_waker_fd() {
   if (t_waker.fd < 0) t_waker.fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -88,10 +82,10 @@ static long usable_cores() {
 int64_t SpinBudget::ceiling_us() {
   static const int64_t ceiling = [] {
     const long cores = usable_cores();
-    // 100 us rides out a peer's short preemption: on 2 cores a 20 us budget
-    // let ~2 % of shm round trips sleep (~70 us each), tripling the mean.
+    // Long enough to ride out a peer's short preemption: a round trip that
+    // falls asleep costs a wake-up many times the round trip itself.
     const int64_t fallback = cores <= 1 ? 0 : 100;
-    return std::min<int64_t>(env_or("GPUSOCK_BUSY_POLL_US", fallback), 10000000);
+    return config::get_or(config::Id::kBusyPollUs, fallback);
   }();
   return ceiling;
 }
@@ -99,7 +93,7 @@ int64_t SpinBudget::ceiling_us() {
 int64_t SpinBudget::next_us() {
   static const int max_spinners = [] {
     const long cores = usable_cores();
-    return static_cast<int>(std::max<int64_t>(1, env_or("GPUSOCK_MAX_SPINNERS", std::max(1L, cores / 2))));
+    return static_cast<int>(config::get_or(config::Id::kMaxSpinners, std::max(1L, cores / 2)));
   }();
   if (t_spin_us < 0) t_spin_us = ceiling_us();
   if (t_spin_us == 0 || t_spinning) return t_spin_us;
@@ -127,9 +121,8 @@ void SpinBudget::record(int64_t waited_us) {
 }
 
 bool SpinBudget::yield_core() {
-  // A yield with nobody else runnable here is one system call (~1 us on a
-  // VM); one that let another thread run takes two context switches and
-  // that thread's work.
+  // A yield with nobody else runnable here is one system call; one that let
+  // another thread run takes two context switches and that thread's work.
   constexpr auto kCrowded = std::chrono::microseconds(5);
   const auto before = std::chrono::steady_clock::now();
   sched_yield();

@@ -17,9 +17,6 @@
 
 namespace gpusock::socket {
 
-// A non-negative integer setting from the environment, else `fallback`.
-int64_t env_or(const char *name, int64_t fallback);
-
 // This thread's waker: an eventfd made on first use, closed when the thread ends.
 int thread_waker_fd();
 // Takes whatever wake-ups reached this thread's waker.
@@ -84,7 +81,7 @@ class SpinBudget {
 // One step of a spinning wait at time `now` (the caller's clock, read at most
 // a few steps ago): a pause, and a yield_core() once every kYieldEveryUs,
 // looked at every fourth step. By time, not by steps: a tcp
-// progress pass makes a system call (~1 us on a VM), so 64 of them outlasted
+// progress pass makes a system call, so a fixed number of them could outlast
 // the whole spin, and a thread the kernel woke onto this core (the peer's
 // reply, sync wake-ups of loopback TCP) waited behind the spin for its end.
 // False: stop spinning and sleep.

@@ -5,6 +5,8 @@
 // endpoint is in verbs_endpoint.cc.
 #include "wire/verbs/verbs_transport.h"
 
+#include "wire/config.h"
+
 #include "wire/verbs/verbs_endpoint.h"
 
 #include <cstdlib>
@@ -84,12 +86,12 @@ class VerbsDomain final : public Domain {
           "load rdma_rxe and create an rxe device, or choose GPUSOCK_TRANSPORT=fabric:tcp)";
       return -ENODEV;
     }
-    const char *wanted = std::getenv("GPUSOCK_VERBS_DEVICE");
+    const std::string &wanted = config::text(config::Id::kVerbsDevice);
     ibv_device *device = nullptr;
     for (int i = 0; i < n && !device; ++i)
-      if (!wanted || !std::strcmp(ibv_get_device_name(devices_[i]->device), wanted)) device = devices_[i]->device;
+      if (wanted.empty() || wanted == ibv_get_device_name(devices_[i]->device)) device = devices_[i]->device;
     if (!device) {
-      *error = std::string("gpusock: GPUSOCK_VERBS_DEVICE=") + wanted + " names no RDMA device";
+      *error = "gpusock: GPUSOCK_VERBS_DEVICE=" + wanted + " names no RDMA device";
       return -ENODEV;
     }
     // A device context of our own, not rdma_cm's. rdma_cm opens each device

@@ -3,13 +3,18 @@
 // gpusock's shim and under rdma-core's librspreload), in a closed loop (one
 // request in flight per connection) or an open loop (--rate: requests sent
 // on a schedule whatever the replies do; latency from the scheduled time).
-// --ports K spreads the connections over K consecutive server ports (a
-// GPU-native server with K proxies). Every reply is checked against the CPU
-// reference (fv_lbp.h on the same generated images): the verdict and the
-// exact chi-square.
+// --mux T multiplexes the connections instead, as event-driven clients do: T
+// threads, each an epoll loop over its share of non-blocking connections, one
+// request in flight on each (closed loop), so hundreds of connections need no
+// more threads than cores. --ports K spreads the connections over K
+// consecutive server ports (a GPU-native server with K proxies). Every reply
+// is checked against the CPU reference (fv_lbp.h on the same generated
+// images): the verdict and the exact chi-square. The client's own CPU use
+// (cores busy, of the cores it may run on) is reported with each run, so a
+// run whose load generator ran out of cores shows it.
 //
 //   fv_client --server 127.0.0.1:7000 [--conns 4] [--ports 1] [--requests N | --duration S]
-//             [--rate R] [--warmup S] [--size 128 | --width W --height H]
+//             [--rate R | --mux T] [--warmup S] [--size 128 | --width W --height H]
 //             [--identities 10000] [--seed 1] [--match-pct 50] [--unknown-pct 10]
 //             [--grid 8] [--threshold-q16 T] [--pool 1024] [--timeout-ms 10000]
 //             [--allow-db-errors | --expect-db-errors] [--label L] [--json FILE]
@@ -20,7 +25,10 @@
 #include "fv_record.h"
 
 #include <netinet/tcp.h>
+#include <sched.h>
 #include <signal.h>
+#include <sys/epoll.h>
+#include <sys/resource.h>
 
 #include <atomic>
 #include <deque>
@@ -33,6 +41,7 @@ struct Options {
   sockaddr_in server{};
   std::string server_text = "127.0.0.1:7000";
   int conns = 4, ports = 1;  // connection c goes to the server's port + c % ports
+  int mux = 0;               // threads multiplexing the connections; 0: a thread per connection
   uint64_t requests = 0;     // closed loop: total; 0 = by duration
   double duration = 0, warmup = 0, rate = 0;
   uint32_t width = 128, height = 128, grid = kDefaultGrid, threshold_q16 = kDefaultThresholdQ16, pool = 1024;
@@ -89,16 +98,25 @@ class Run {
   Run(const Options &o, std::vector<PoolEntry> pool) : o_(o), pool_(std::move(pool)) {}
 
   Tally go() {
-    std::vector<Tally> per(o_.conns);
+    const int workers = o_.mux > 0 ? o_.mux : o_.conns;
+    std::vector<Tally> per(workers);
     std::vector<std::thread> threads;
+    const double cpu0 = process_cpu_seconds();
     start_ = now_ns();
     measure_from_ = start_ + uint64_t(o_.warmup * 1e9);
     end_ = o_.duration > 0 ? measure_from_ + uint64_t(o_.duration * 1e9) : ~0ull;
-    for (int c = 0; c < o_.conns; ++c)
-      threads.emplace_back([this, c, &per] { o_.rate > 0 ? open_loop(c, &per[c]) : closed_loop(c, &per[c]); });
+    for (int w = 0; w < workers; ++w)
+      threads.emplace_back([this, w, &per] {
+        if (o_.mux > 0) mux_loop(w, &per[w]);
+        else if (o_.rate > 0) open_loop(w, &per[w]);
+        else closed_loop(w, &per[w]);
+      });
     for (auto &t : threads) t.join();
     Tally all;
-    all.seconds = double(std::min(now_ns(), end_) - measure_from_) / 1e9;
+    const uint64_t stop = now_ns();
+    all.seconds = double(std::min(stop, end_) - measure_from_) / 1e9;
+    all.client_cores_busy = (process_cpu_seconds() - cpu0) / (double(stop - start_) / 1e9);
+    all.client_cores = usable_cores();
     for (Tally &t : per) all.merge(std::move(t));
     return all;
   }
@@ -210,6 +228,109 @@ class Run {
     close(fd);
   }
 
+  // One connection of a multiplexing thread: the request being sent (out,
+  // from out_pos) or the reply being read (in).
+  struct MuxConn {
+    int fd = -1;
+    uint64_t k = 0, sent = 0;
+    std::vector<uint8_t> out;
+    size_t out_pos = 0, in_have = 0;
+    bool watching_out = false;  // EPOLLOUT is in its epoll registration
+    uint8_t in[kReplyBytes] = {};
+  };
+
+  // Thread w's connections (c % mux == w), each with one request in flight,
+  // driven by one epoll set: level-triggered EPOLLIN, and EPOLLOUT while a
+  // request did not fit in the socket at once.
+  void mux_loop(int w, Tally *t) {
+    std::vector<MuxConn> conns;
+    for (int c = w; c < o_.conns; c += o_.mux) {
+      MuxConn m;
+      if ((m.fd = connect_server(c, t)) < 0) break;
+      conns.push_back(std::move(m));
+    }
+    const int ep = epoll_create1(EPOLL_CLOEXEC);
+    if (ep < 0) t->fail(std::string("epoll_create1: ") + strerror(errno));
+    size_t active = 0;
+    for (MuxConn &m : conns) {
+      if (t->failed) break;
+      LibcIo::set_nonblocking(m.fd);
+      epoll_event ev{EPOLLIN, {.ptr = &m}};
+      if (epoll_ctl(ep, EPOLL_CTL_ADD, m.fd, &ev) < 0) t->fail(std::string("epoll_ctl: ") + strerror(errno));
+      else if (mux_start(ep, &m, t)) ++active;
+    }
+    epoll_event events[64];
+    while (active > 0 && !t->failed) {
+      const int n = epoll_wait(ep, events, 64, o_.timeout_ms);
+      if (n == 0) t->fail("no reply within --timeout-ms");
+      if (n < 0 && errno != EINTR) t->fail(std::string("epoll_wait: ") + strerror(errno));
+      for (int i = 0; i < n && !t->failed; ++i) {
+        MuxConn &m = *static_cast<MuxConn *>(events[i].data.ptr);
+        const int done = mux_progress(ep, &m, events[i].events, t);
+        if (done > 0 && !mux_start(ep, &m, t)) --active;
+      }
+    }
+    for (MuxConn &m : conns) close(m.fd);
+    if (ep >= 0) close(ep);
+  }
+
+  // The next request on m; false when there is none (the run is over) or the
+  // send failed.
+  bool mux_start(int ep, MuxConn *m, Tally *t) {
+    const uint64_t k = next_++;
+    if (!more(k)) return false;
+    m->k = k;
+    m->out = pool_[k % pool_.size()].request;
+    store_le(m->out.data() + 8, k, 8);
+    m->out_pos = m->in_have = 0;
+    m->sent = now_ns();
+    return mux_progress(ep, m, 0, t) >= 0;
+  }
+
+  // Sends what the socket takes and reads what arrived: 1 when the reply is
+  // complete (and recorded), 0 when more is to come, -1 on a failure.
+  int mux_progress(int ep, MuxConn *m, uint32_t events, Tally *t) {
+    if (m->out_pos < m->out.size()) {
+      const long k = send(m->fd, m->out.data() + m->out_pos, m->out.size() - m->out_pos, MSG_NOSIGNAL);
+      if (k < 0 && errno != EAGAIN && errno != EINTR) {
+        t->fail(std::string("send: ") + strerror(errno));
+        return -1;
+      }
+      if (k > 0) m->out_pos += size_t(k);
+    }
+    const bool sending = m->out_pos < m->out.size();
+    if (sending != m->watching_out) {
+      epoll_event ev{EPOLLIN | (sending ? EPOLLOUT : 0u), {.ptr = m}};
+      if (epoll_ctl(ep, EPOLL_CTL_MOD, m->fd, &ev) < 0) {
+        t->fail(std::string("epoll_ctl: ") + strerror(errno));
+        return -1;
+      }
+      m->watching_out = sending;
+    }
+    if (sending) return 0;
+    if (!(events & (EPOLLIN | EPOLLHUP | EPOLLERR))) return 0;
+    const long k = recv(m->fd, m->in + m->in_have, kReplyBytes - m->in_have, 0);
+    if (k < 0 && (errno == EAGAIN || errno == EINTR)) return 0;
+    if (k <= 0) {
+      t->fail(k == 0 ? "server closed the connection" : std::string("recv: ") + strerror(errno));
+      return -1;
+    }
+    if ((m->in_have += size_t(k)) < kReplyBytes) return 0;
+    record(m->k, m->in, m->sent, t);
+    return 1;
+  }
+
+  static double process_cpu_seconds() {
+    rusage u{};
+    getrusage(RUSAGE_SELF, &u);
+    return double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + double(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+  }
+
+  static int usable_cores() {
+    cpu_set_t set;
+    return sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
+  }
+
   bool recv_exact(int fd, uint8_t *p, size_t n, Tally *t) {
     for (size_t got = 0; got < n;) {
       pollfd pf{fd, POLLIN, 0};
@@ -244,6 +365,7 @@ bool parse_options(int argc, char **argv, Options *o) {
     else if (n == "--duration") o->duration = atof(f.next());
     else if (n == "--warmup") o->warmup = atof(f.next());
     else if (n == "--rate") o->rate = atof(f.next());
+    else if (n == "--mux") o->mux = static_cast<int>(f.number());
     else if (n == "--size") o->width = o->height = static_cast<uint32_t>(f.number());
     else if (n == "--width") o->width = static_cast<uint32_t>(f.number());
     else if (n == "--height") o->height = static_cast<uint32_t>(f.number());
@@ -264,9 +386,9 @@ bool parse_options(int argc, char **argv, Options *o) {
   const RequestHeader h{
       kRequestMagic, kVersion, 0, 0, 0, static_cast<uint16_t>(o->width), static_cast<uint16_t>(o->height)};
   return parse_endpoint(o->server_text, &o->server) && o->conns > 0 && o->ports > 0 && o->pool > 0 && o->grid >= 1 &&
-         o->grid <= kMaxGrid && o->width <= kMaxDim && o->height <= kMaxDim &&
-         validate_request(h, o->grid) == kReasonNone && (o->requests > 0 || o->duration > 0) &&
-         o->data.match_pct + o->data.unknown_pct <= 100;
+         o->mux >= 0 && o->mux <= o->conns && !(o->mux > 0 && o->rate > 0) && o->grid <= kMaxGrid &&
+         o->width <= kMaxDim && o->height <= kMaxDim && validate_request(h, o->grid) == kReasonNone &&
+         (o->requests > 0 || o->duration > 0) && o->data.match_pct + o->data.unknown_pct <= 100;
 }
 
 }  // namespace
@@ -277,8 +399,8 @@ int main(int argc, char **argv) {
   Options o;
   if (!parse_options(argc, argv, &o)) {
     std::fprintf(stderr,
-                 "usage: %s --server A.B.C.D:PORT [--conns C] [--ports K] (--requests N | --duration S) [--rate R] "
-                 "[--warmup S]\n"
+                 "usage: %s --server A.B.C.D:PORT [--conns C] [--ports K] (--requests N | --duration S) "
+                 "[--rate R | --mux T (<= C)] [--warmup S]\n"
                  "       [--size S | --width W --height H] [--identities N] [--seed S] [--match-pct P]\n"
                  "       [--unknown-pct P] [--grid G] [--threshold-q16 T] [--pool P] [--timeout-ms MS]\n"
                  "       [--allow-db-errors | --expect-db-errors] [--label L] [--json FILE]\n",
@@ -288,7 +410,8 @@ int main(int argc, char **argv) {
   signal(SIGPIPE, SIG_IGN);
   Run run(o, build_pool(o));
   Tally t = run.go();
-  const RunInfo info{o.label, o.rate > 0 ? "open" : "closed", o.conns, o.rate, o.width, o.height};
+  const RunInfo info{o.label, o.rate > 0 ? "open" : o.mux > 0 ? "closed-mux" : "closed", o.conns, o.rate, o.width,
+                     o.height};
   t.print_summary(info);
   if (!o.json.empty() && !t.write_json(o.json, info)) {
     std::fprintf(stderr, "fv_client: cannot write %s\n", o.json.c_str());

@@ -31,6 +31,8 @@ struct Tally {
   uint64_t replies = 0, verdicts[4] = {}, database_errors = 0, wrong = 0;
   std::vector<uint64_t> latencies;  // ns, replies inside the measured window
   double seconds = 0;
+  double client_cores_busy = 0;  // the client process's CPU seconds per second of its run
+  int client_cores = 0;          // the cores it may run on
   bool failed = false;
   std::string why, first_wrong;
 
@@ -92,11 +94,12 @@ struct Tally {
     std::printf(
         "fv_client[%s]: %s loop, %d conns, %ux%u: %llu replies, %.0f req/s over %.2f s; latency us p50 %.1f "
         "p99 %.1f p99.9 %.1f max %.1f; match %llu no-match %llu unknown %llu error %llu (database %llu); "
-        "wrong %llu\n",
+        "wrong %llu; client cores busy %.2f of %d\n",
         info.label.c_str(), info.mode, info.conns, info.width, info.height, (unsigned long long)replies, throughput(),
         seconds, quantile_us(0.5), quantile_us(0.99), quantile_us(0.999), quantile_us(1.0),
         (unsigned long long)verdicts[0], (unsigned long long)verdicts[1], (unsigned long long)verdicts[2],
-        (unsigned long long)verdicts[3], (unsigned long long)database_errors, (unsigned long long)wrong);
+        (unsigned long long)verdicts[3], (unsigned long long)database_errors, (unsigned long long)wrong,
+        client_cores_busy, client_cores);
     if (wrong) std::printf("fv_client[%s]: first wrong reply: %s\n", info.label.c_str(), first_wrong.c_str());
     if (failed) std::printf("fv_client[%s]: FAILED: %s\n", info.label.c_str(), why.c_str());
     std::fflush(stdout);
@@ -111,13 +114,14 @@ struct Tally {
                  " \"replies\": %llu, \"measured\": %zu, \"seconds\": %.4f, \"throughput\": %.1f,\n"
                  " \"latency_us\": {\"p50\": %.2f, \"p90\": %.2f, \"p99\": %.2f, \"p999\": %.2f, \"max\": %.2f},\n"
                  " \"verdicts\": {\"match\": %llu, \"no_match\": %llu, \"unknown_identity\": %llu, \"error\": %llu},\n"
-                 " \"database_errors\": %llu, \"wrong\": %llu, \"ok\": %s,\n \"cdf_us\": [",
+                 " \"database_errors\": %llu, \"wrong\": %llu, \"ok\": %s,\n"
+                 " \"client_cores_busy\": %.3f, \"client_cores\": %d,\n \"cdf_us\": [",
                  info.label.c_str(), info.mode, info.conns, info.rate, info.width, info.height,
                  (unsigned long long)replies, latencies.size(), seconds, throughput(), quantile_us(0.5),
                  quantile_us(0.9), quantile_us(0.99), quantile_us(0.999), quantile_us(1.0),
                  (unsigned long long)verdicts[0], (unsigned long long)verdicts[1], (unsigned long long)verdicts[2],
                  (unsigned long long)verdicts[3], (unsigned long long)database_errors, (unsigned long long)wrong,
-                 ok(0) ? "true" : "false");
+                 ok(0) ? "true" : "false", client_cores_busy, client_cores);
     // The latency distribution: 1% steps, then finer towards the tail.
     std::vector<double> ps;
     for (int i = 0; i < 99; ++i) ps.push_back(i / 100.0);

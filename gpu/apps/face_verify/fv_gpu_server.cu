@@ -2,12 +2,14 @@
 // Every block is a server of its own:
 //   - it gpolls its client connections (up to --conns) and, while it has
 //     room, the shared listener, and accepts;
-//   - it receives a request into GPU memory with all its threads (the header
-//     is validated before the image is read);
-//   - it sends the memcached `get` on ITS OWN gpusock socket (a GPU client of
-//     the CPU memcached, kept open, reopened when memcached went away),
-//     computes the LBP histogram in shared memory while memcached answers,
-//     receives the reference, computes the chi-square, and replies.
+//   - it receives what its ready connections sent into GPU memory with all
+//     its threads (each header is validated before the image is read), and
+//     takes the requests that are complete as one batch;
+//   - it sends the batch's memcached gets, pipelined, on ITS OWN gpusock
+//     socket (a GPU client of the CPU memcached, kept open, reopened when
+//     memcached went away), computes the batch's LBP histograms while
+//     memcached answers, receives the references, computes each chi-square
+//     and replies on each connection.
 // No CPU code runs on the request path but the proxy thread. On a machine
 // without a GPU (or with --host-backend) the same kernel runs on the host
 // backend.
@@ -15,7 +17,7 @@
 //   fv_gpu_server [--blocks 128] [--threads 256] [--conns 4] [--max-dim 1024]
 //                 [--ring-kib 128] [--transport T] [--host-backend] [--seconds S]
 //                 [--port 7000] [--memcached 127.0.0.1:11211] [--grid 8]
-//                 [--threshold-q16 T] [--mc-timeout-ms 1000]
+//                 [--threshold-q16 T] [--mc-timeout-ms 1000] [--proxies K]
 #include "fv_kernels.cuh"
 #include "fv_memcached.h"
 #include "fv_server_common.h"
@@ -31,15 +33,17 @@ using namespace gpusock;
 
 inline constexpr int kMaxConnsPerBlock = 16;
 inline constexpr uint32_t kIdleSleepNs = 1000000;  // a block without connections looks at the listener this often
-inline constexpr size_t kMcBufferBytes = (kMcMaxLine + kMaxRecordBytes + 7 + 15) & ~size_t(15);
+inline constexpr size_t kMcBufferBytes = (kMcMaxLine + kMaxRecordBytes + 7 + 15) & ~size_t(15);  // one get's reply
+inline constexpr size_t kCmdBytes = 64;  // one get's line (kMcMaxGetBytes, rounded up)
 
 // What a block counts (host-mapped; written once, when the kernel ends).
 struct BlockCounters {
   unsigned long long verdicts[4], bad_requests, database_errors, connections, closed_mid_request, mc_connects;
-  // Where an answered request's time goes (GPU clock, summed): receiving it
-  // (first bytes seen to last), sending the get, the histogram, waiting for
-  // memcached's reply after it, the chi-square, sending the reply.
-  unsigned long long timed, ns_receive, ns_get, ns_histogram, ns_reference, ns_chi2, ns_reply;
+  // Where the answered requests' time goes (GPU clock, summed): receiving
+  // each (first bytes seen to the batch's start); per batch: sending the
+  // gets, the histograms, waiting for memcached's replies after them, the
+  // chi-squares, sending the replies.
+  unsigned long long timed, batches, ns_receive, ns_get, ns_histogram, ns_reference, ns_chi2, ns_reply;
 };
 
 struct Params {
@@ -49,20 +53,23 @@ struct Params {
   sockaddr_in memcached;
   size_t conn_bytes;   // receive buffer per connection: a whole request of max_dim x max_dim
   size_t block_bytes;  // GPU memory per block (BlockMemory below)
+  GS_HD uint32_t bins() const { return grid * grid * kBins; }
 };
 
-// One block's slice of GPU memory.
+// One block's slice of GPU memory; a batch holds at most one request per connection.
 struct BlockMemory {
   gpollfd *polls;         // [0] the listener, [1..conns] connections
   uint8_t *conn;          // conns x conn_bytes
-  uint8_t *mc;            // the memcached reply
-  uint8_t *cmd;           // the get command (64 bytes)
+  uint8_t *mc;            // conns x kMcBufferBytes: the replies to a batch's gets
+  char *cmd;              // conns x kCmdBytes: a batch's gets
   uint8_t *reply;         // the reply (64 bytes)
+  uint32_t *hist;         // conns x bins: a batch's histograms
   uint8_t *host_scratch;  // host backend: the block's "shared memory"
 };
 
-GS_HD size_t block_bytes(int conns, size_t conn_bytes) {
-  return 64 * (conns + 1) + conns * conn_bytes + kMcBufferBytes + 128 + kHostScratchBytes;
+GS_HD size_t block_bytes(const Params &p) {
+  return 64 * (p.conns + 1) + p.conns * (p.conn_bytes + kMcBufferBytes + kCmdBytes + sizeof(uint32_t) * p.bins()) + 64 +
+         kHostScratchBytes;
 }
 
 GS_HD BlockMemory block_memory(uint8_t *base, const Params &p) {
@@ -70,11 +77,18 @@ GS_HD BlockMemory block_memory(uint8_t *base, const Params &p) {
   m.polls = reinterpret_cast<gpollfd *>(base);
   m.conn = base + 64 * (p.conns + 1);
   m.mc = m.conn + p.conns * p.conn_bytes;
-  m.cmd = m.mc + kMcBufferBytes;
-  m.reply = m.cmd + 64;
-  m.host_scratch = m.reply + 64;
+  m.cmd = reinterpret_cast<char *>(m.mc + p.conns * kMcBufferBytes);
+  m.reply = reinterpret_cast<uint8_t *>(m.cmd + p.conns * kCmdBytes);
+  m.hist = reinterpret_cast<uint32_t *>(m.reply + 64);
+  m.host_scratch = reinterpret_cast<uint8_t *>(m.hist + p.conns * p.bins());
   return m;
 }
+
+// The connections whose requests are complete, answered together.
+struct Batch {
+  int n = 0;
+  int slot[kMaxConnsPerBlock];  // indices into BlockMemory::polls
+};
 
 struct ListenKernel {
   DeviceContext ctx;
@@ -130,8 +144,10 @@ struct BlockServer {
         continue;
       }
       if (m.polls[0].revents & POLLIN) accept_one(m, &st);
+      Batch b;
       for (int i = 1; i <= p.conns; ++i)
-        if (m.polls[i].fd >= 0 && m.polls[i].revents) serve(m, s, i, &st);
+        if (m.polls[i].fd >= 0 && m.polls[i].revents && receive(m, i, &st)) b.slot[b.n++] = i;
+      if (b.n > 0) answer(m, s, b, &st);
     }
     for (int i = 1; i <= p.conns; ++i)
       if (m.polls[i].fd >= 0) gclose(ctx, m.polls[i].fd);
@@ -181,89 +197,144 @@ struct BlockServer {
     sync_block();
   }
 
-  // Reads what connection i sent; a complete request is answered.
-  GS_HD void serve(const BlockMemory &m, const BlockScratch &s, int i, BlockState *st) const {
+  // Reads what connection i sent: true once its request is complete (one
+  // request per connection per round: fair to the others).
+  GS_HD bool receive(const BlockMemory &m, int i, BlockState *st) const {
     uint8_t *buf = m.conn + size_t(i - 1) * p.conn_bytes;
     int &have = st->have[i - 1];
     for (;;) {
       const bool header_in = have >= int(kRequestHeaderBytes);
-      const RequestHeader h = decode_request_header(buf);  // meaningful once header_in
-      const size_t want = header_in ? request_bytes(h) : kRequestHeaderBytes;
-      if (header_in && size_t(have) == want) {
-        answer(m, s, i, h, buf + kRequestHeaderBytes, st);
-        return;  // one request per connection per round: fair to the others
-      }
+      const size_t want = header_in ? request_bytes(decode_request_header(buf)) : kRequestHeaderBytes;
+      if (header_in && size_t(have) == want) return true;
       if (have == 0) st->first_ns[i - 1] = gpusock::now_ns();
       const ssize_t n = grecv(ctx, m.polls[i].fd, buf + have, want - have);
-      if (n == -EAGAIN) return;
-      if (n <= 0) return close_conn(m, i, st);  // EOF (maybe mid-request) or an error
+      if (n == -EAGAIN) return false;
+      if (n <= 0) {  // EOF (maybe mid-request) or an error
+        close_conn(m, i, st);
+        return false;
+      }
       have += static_cast<int>(n);
       if (have == int(kRequestHeaderBytes)) {
-        const RequestHeader hh = decode_request_header(buf);
-        Reason bad = validate_request(hh, p.grid);
-        if (bad == kReasonNone && (hh.width > p.max_dim || hh.height > p.max_dim)) bad = kBadSize;
+        const RequestHeader h = decode_request_header(buf);
+        Reason bad = validate_request(h, p.grid);
+        if (bad == kReasonNone && (h.width > p.max_dim || h.height > p.max_dim)) bad = kBadSize;
         if (bad != kReasonNone) {
           ++st->n.bad_requests;
-          send_reply(m, i, error_reply(hh.request_id, bad), st);
+          send_reply(m, i, error_reply(h.request_id, bad), st);
           if (m.polls[i].fd >= 0) close_conn(m, i, st);  // the stream cannot be resynchronised
-          return;
+          return false;
         }
       }
     }
   }
 
-  GS_HD void answer(const BlockMemory &m, const BlockScratch &s, int i, const RequestHeader &h, const uint8_t *image,
-                    BlockState *st) const {
-    const uint64_t t0 = gpusock::now_ns();
-    st->n.ns_receive += t0 - st->first_ns[i - 1];
-    const Features f{h.width, h.height, p.grid};
-    char key[kMaxKeyBytes];
-    const size_t key_len = format_key(key, h.width, h.height, h.identity);
-    if (thread_rank() == 0) mc_format_get(reinterpret_cast<char *>(m.cmd), key, key_len);
-    sync_block();
-    const McReply got = fetch(m, s, f, key, key_len, image, st);
-    Reply r;
-    if (got.status == kMcError) {
-      r = error_reply(h.request_id, kDatabase);
-      ++st->n.database_errors;
-    } else if (reference_usable(got.status, m.mc + got.data_offset, got.data_len, f, h.request_id, &r)) {
-      const uint64_t t1 = gpusock::now_ns();
-      r = verdict_reply(h.request_id, f, block_chi2(m.mc + got.data_offset, f, s), p.threshold_q16);
-      st->n.ns_chi2 += gpusock::now_ns() - t1;
-    }
-    st->have[i - 1] = 0;
-    const uint64_t t2 = gpusock::now_ns();
-    send_reply(m, i, r, st);
-    st->n.ns_reply += gpusock::now_ns() - t2;
-    ++st->n.timed;
+  GS_HD const uint8_t *request_of(const BlockMemory &m, int i) const { return m.conn + size_t(i - 1) * p.conn_bytes; }
+  GS_HD size_t key_of(const BlockMemory &m, int i, char *key) const {
+    const RequestHeader h = decode_request_header(request_of(m, i));
+    return format_key(key, h.width, h.height, h.identity);
   }
 
-  // The get on the block's memcached socket, the histogram while memcached
-  // answers, then the reply. A failure on a connection that had worked
-  // (memcached restarted) is retried once on a new one; a failure on a new
-  // connection is the answer (kMcError).
-  GS_HD McReply fetch(const BlockMemory &m, const BlockScratch &s, const Features &f, const char *key, size_t key_len,
-                      const uint8_t *image, BlockState *st) const {
-    const size_t cmd_len = 4 + key_len + 2;
-    bool histogram_done = false;
+  // The batch: its gets, its histograms while memcached answers, then each
+  // chi-square and reply.
+  GS_HD void answer(const BlockMemory &m, const BlockScratch &s, const Batch &b, BlockState *st) const {
+    const uint64_t t0 = gpusock::now_ns();
+    size_t cmd_len = 0;
+    for (int j = 0; j < b.n; ++j) {
+      st->n.ns_receive += t0 - st->first_ns[b.slot[j] - 1];
+      char key[kMaxKeyBytes];
+      const size_t key_len = key_of(m, b.slot[j], key);
+      if (thread_rank() == 0) mc_format_get(m.cmd + cmd_len, key, key_len);
+      cmd_len += 4 + key_len + 2;  // every thread knows the length
+    }
+    sync_block();
+    McReply got[kMaxConnsPerBlock];
+    const bool fetched = fetch(m, s, b, cmd_len, got, st);
+    const uint64_t t1 = gpusock::now_ns();
+    uint64_t ns_reply = 0;
+    for (int j = 0; j < b.n; ++j) {
+      const int i = b.slot[j];
+      const RequestHeader h = decode_request_header(request_of(m, i));
+      const Features f{h.width, h.height, p.grid};
+      Reply r;
+      if (!fetched) {
+        r = error_reply(h.request_id, kDatabase);
+        ++st->n.database_errors;
+      } else if (reference_usable(got[j].status, m.mc + got[j].data_offset, got[j].data_len, f, h.request_id, &r)) {
+        block_copy_bins(s.hist, m.hist + size_t(j) * p.bins(), f.bins());
+        r = verdict_reply(h.request_id, f, block_chi2(m.mc + got[j].data_offset, f, s), p.threshold_q16);
+      }
+      st->have[i - 1] = 0;
+      const uint64_t t2 = gpusock::now_ns();
+      send_reply(m, i, r, st);
+      ns_reply += gpusock::now_ns() - t2;
+    }
+    st->n.ns_chi2 += gpusock::now_ns() - t1 - ns_reply;
+    st->n.ns_reply += ns_reply;
+    st->n.timed += b.n;
+    ++st->n.batches;
+  }
+
+  // The batch's gets on the block's memcached socket, the histograms while
+  // memcached answers, then the replies into got[]. A failure on a connection
+  // that had worked (memcached restarted) is retried once on a new one; a
+  // failure on a new connection is the answer (false).
+  GS_HD bool fetch(const BlockMemory &m, const BlockScratch &s, const Batch &b, size_t cmd_len, McReply *got,
+                   BlockState *st) const {
+    bool histograms_done = false;
     for (;;) {
       const bool fresh = st->mc < 0;
-      if (fresh && (st->mc = connect_memcached(st)) < 0) return McReply{kMcError, 0, 0, 0};
+      if (fresh && (st->mc = connect_memcached(st)) < 0) return false;
       const uint64_t t0 = gpusock::now_ns();
       const ssize_t sent = gsend(ctx, st->mc, m.cmd, cmd_len, 0, p.mc_timeout_ms);
       const uint64_t t1 = gpusock::now_ns();
-      if (!histogram_done) block_histogram(image, f, s);
-      histogram_done = true;
+      if (!histograms_done) histograms(m, s, b);
+      histograms_done = true;
       const uint64_t t2 = gpusock::now_ns();
-      const McReply r = sent == ssize_t(cmd_len) ? receive_reply(m, key, key_len, st->mc) : McReply{kMcError, 0, 0, 0};
+      const bool ok = sent == ssize_t(cmd_len) && receive_replies(m, b, st->mc, got);
       st->n.ns_get += t1 - t0;
       st->n.ns_histogram += t2 - t1;
       st->n.ns_reference += gpusock::now_ns() - t2;
-      if (r.status != kMcError) return r;
+      if (ok) return true;
       gclose(ctx, st->mc);
       st->mc = -1;
-      if (fresh) return r;
+      if (fresh) return false;
     }
+  }
+
+  GS_HD void histograms(const BlockMemory &m, const BlockScratch &s, const Batch &b) const {
+    for (int j = 0; j < b.n; ++j) {
+      const uint8_t *req = request_of(m, b.slot[j]);
+      const RequestHeader h = decode_request_header(req);
+      const Features f{h.width, h.height, p.grid};
+      block_histogram(req + kRequestHeaderBytes, f, s);
+      block_copy_bins(m.hist + size_t(j) * p.bins(), s.hist, f.bins());
+    }
+  }
+
+  // Receives the replies to the batch's gets, in order, into m.mc; every
+  // thread parses them (the same bytes). False on an error, a timeout or
+  // bytes nobody asked for.
+  GS_HD bool receive_replies(const BlockMemory &m, const Batch &b, int sock, McReply *got) const {
+    const size_t room = size_t(b.n) * kMcBufferBytes;
+    size_t have = 0, at = 0;  // bytes received; where reply j starts
+    for (int j = 0; j < b.n;) {
+      char key[kMaxKeyBytes];
+      const size_t key_len = key_of(m, b.slot[j], key);
+      const McReply r = mc_parse_get(m.mc + at, have - at, key, key_len, kMaxRecordBytes);
+      if (r.status == kMcError) return false;
+      if (r.status != kMcNeedMore) {
+        got[j] = r;
+        got[j].data_offset += at;
+        at += r.total;
+        ++j;
+        continue;
+      }
+      const size_t want = r.total ? at + r.total - have : room - have;
+      const ssize_t n = want ? grecv(ctx, sock, m.mc + have, want, 0, p.mc_timeout_ms) : -ENOBUFS;
+      if (n <= 0) return false;
+      have += static_cast<size_t>(n);
+    }
+    return have == at;
   }
 
   GS_HD int connect_memcached(BlockState *st) const {
@@ -279,22 +350,6 @@ struct BlockServer {
     return sock;
   }
 
-  // Receives one get's reply into m.mc; every thread parses it (the same bytes).
-  GS_HD McReply receive_reply(const BlockMemory &m, const char *key, size_t key_len, int sock) const {
-    size_t got = 0;
-    for (;;) {
-      const McReply r = mc_parse_get(m.mc, got, key, key_len, kMaxRecordBytes);
-      if (r.status != kMcNeedMore) {
-        if (r.status != kMcError && r.total != got) return McReply{kMcError, 0, 0, 0};  // bytes nobody asked for
-        return r;
-      }
-      const size_t want = r.total ? r.total - got : kMcBufferBytes - got;
-      const ssize_t n = grecv(ctx, sock, m.mc + got, want, 0, p.mc_timeout_ms);
-      if (n <= 0) return McReply{kMcError, 0, 0, 0};
-      got += static_cast<size_t>(n);
-    }
-  }
-
   // A client that does not take its replies (its ring holds thousands of
   // them) or is gone loses its connection; nobody else waits for it.
   GS_HD void send_reply(const BlockMemory &m, int i, const Reply &r, BlockState *st) const {
@@ -308,7 +363,7 @@ struct BlockServer {
 // The kernel: block b serves the connections of proxy b % proxies (each
 // proxy is one CPU thread driving its sockets, with a listener of its own on
 // port + k), so the CPU side of the sockets can grow past one core.
-inline constexpr int kMaxProxies = 4;
+inline constexpr int kMaxProxies = 8;
 struct FaceServerKernel {
   DeviceContext ctx[kMaxProxies];
   int listener[kMaxProxies];
@@ -384,6 +439,7 @@ void print_stats(const BlockCounters *counters, unsigned blocks) {
   for (unsigned b = 0; b < blocks; ++b) {
     const BlockCounters &c = counters[b];
     for (auto [sum, part] : {std::pair{&t.timed, c.timed},
+                             {&t.batches, c.batches},
                              {&t.ns_receive, c.ns_receive},
                              {&t.ns_get, c.ns_get},
                              {&t.ns_histogram, c.ns_histogram},
@@ -400,12 +456,12 @@ void print_stats(const BlockCounters *counters, unsigned blocks) {
   }
   stats.print("fv_gpu_server");
   std::printf("fv_gpu_server: memcached connections opened %llu\n", mc_connects);
-  const double n = t.timed ? double(t.timed) : 1.0;
+  const double n = t.timed ? double(t.timed) : 1.0, nb = t.batches ? double(t.batches) : 1.0;
   std::printf(
-      "fv_gpu_server: %llu requests; per request us: receiving %.1f, get %.1f, histogram %.1f, waiting for the "
-      "reference %.1f, chi-square %.1f, reply %.1f\n",
-      t.timed, t.ns_receive / n / 1e3, t.ns_get / n / 1e3, t.ns_histogram / n / 1e3, t.ns_reference / n / 1e3,
-      t.ns_chi2 / n / 1e3, t.ns_reply / n / 1e3);
+      "fv_gpu_server: %llu requests in %llu batches (%.2f a batch); per batch us: gets %.1f, histograms %.1f, "
+      "waiting for the references %.1f, chi-squares %.1f, replies %.1f; per request us: receiving %.1f\n",
+      t.timed, t.batches, t.timed / nb, t.ns_get / nb / 1e3, t.ns_histogram / nb / 1e3, t.ns_reference / nb / 1e3,
+      t.ns_chi2 / nb / 1e3, t.ns_reply / nb / 1e3, t.ns_receive / n / 1e3);
 }
 
 }  // namespace
@@ -448,7 +504,7 @@ int main(int argc, char **argv) {
   p.mc_timeout_ms = o.server.mc_timeout_ms;
   p.memcached = o.server.memcached;
   p.conn_bytes = (kRequestHeaderBytes + size_t(o.max_dim) * o.max_dim + 15) & ~size_t(15);
-  p.block_bytes = (block_bytes(o.conns, p.conn_bytes) + 255) & ~size_t(255);
+  p.block_bytes = (block_bytes(p) + 255) & ~size_t(255);
   MemoryBlock counters_mem{}, device_mem{};
   if (memory->allocate(MemoryKind::kHostMapped, sizeof(BlockCounters) * o.blocks, &counters_mem) < 0 ||
       memory->allocate(MemoryKind::kDevice, p.block_bytes * o.blocks, &device_mem) < 0) {

@@ -58,6 +58,15 @@ GS_HD void block_histogram(const uint8_t *img, const Features &f, const BlockScr
   gpusock::sync_block();
 }
 
+// dst[0, n) = src[0, n) with every thread of the block: the GPU-native server
+// keeps each histogram of a batch (s.hist) in GPU memory while the next is
+// counted, and brings it back for its chi-square.
+GS_HD void block_copy_bins(uint32_t *dst, const uint32_t *src, uint32_t n) {
+  const unsigned rank = gpusock::thread_rank(), size = gpusock::block_dim();
+  for (uint32_t i = rank; i < n; i += size) dst[i] = src[i];
+  gpusock::sync_block();
+}
+
 // The chi-square (2^-16 units) of s.hist against a stored record, in every thread.
 GS_HD uint64_t block_chi2(const uint8_t *record, const Features &f, const BlockScratch &s) {
   const unsigned rank = gpusock::thread_rank(), size = gpusock::block_dim();

@@ -63,9 +63,9 @@ GS_HD StatusView status_view(const uint64_t *w) {
 
 // One thread's poll of a socket's status line: two 16-byte relaxed loads and
 // one 16-byte acquire load of the counters. Issued together, but one thread's
-// loads of one host line take nearly a PCIe round trip each (2.4 us for the
-// three, gpu_bench --micro): a scope's own calls poll with its warp
-// (read_status_team); this serves a thread alone (gpoll, connect, accept).
+// loads of one host line take nearly a PCIe round trip each: a scope's own
+// calls poll with its warp (read_status_team); this serves a thread alone
+// (gpoll, connect, accept).
 GS_HD StatusView read_status(const DeviceContext &c, const SocketStatus *st) {
   (void)c;
   const uint64_t *line = reinterpret_cast<const uint64_t *>(st);
@@ -87,8 +87,8 @@ struct InlineView {
   GS_HD const uint8_t *data() const { return reinterpret_cast<const uint8_t *>(w + 2); }
 };
 
-// One thread's read of the status line and the socket's InlineRecv (2.6 us,
-// not the one round trip a warp's load takes): the record's eight loads go
+// One thread's read of the status line and the socket's InlineRecv (several
+// round trips, not the one a warp's load takes): the record's eight loads go
 // first, the status line's after them, and only then are the record's words
 // stored where take_inline can index them (a store that waited for its load
 // before the status loads were issued would cost a round trip of its own: a
@@ -113,18 +113,17 @@ GS_HD StatusView read_status(const DeviceContext &c, const SocketStatus *st, con
 // past it and the published end: an idle poll moves 8 words, not 24. A team
 // too small for it (a block of fewer than 11 threads) and the host backend
 // read as one thread.
-GS_HD StatusView read_status_team(const DeviceContext &c, const SocketStatus *st, const InlineRecv *r,
-                                  uint64_t recv_read, InlineView *iv, bool *record) {
-  const prim::Team t = prim::team();
+GS_HD StatusView read_status_team(const DeviceContext &c, const prim::Team &t, const SocketStatus *st,
+                                  const InlineRecv *r, uint64_t recv_read, InlineView *iv, bool *record) {
   const unsigned need = r ? 3 + sizeof(InlineRecv) / 16 : 3;
   if (t.lanes < need) {
     StatusView v{};
-    if (prim::lane() == 0) v = r ? read_status(c, st, r, iv) : read_status(c, st);
+    if (prim::team_leads(t)) v = r ? read_status(c, st, r, iv) : read_status(c, st);
     prim::team_sync(t);  // orders lane 0's acquire before the team's ring loads
     *record = r != nullptr;
     return v;
   }
-  const unsigned lane = prim::lane();
+  const unsigned lane = prim::team_rank(t);
   const uint64_t *src = lane < 3      ? reinterpret_cast<const uint64_t *>(st) + 2 * lane
                         : lane < need ? reinterpret_cast<const uint64_t *>(r) + 2 * (lane - 3)
                                       : nullptr;
@@ -188,7 +187,7 @@ struct RingView {
   const uint64_t *consumed;
 };
 GS_HD RingView ring_for(const DeviceContext &c, uint32_t slot) {
-  const uint32_t q = c.request_rings > 1 ? slot % c.request_rings : 0;
+  const uint32_t q = proxy_thread_of(slot, c.request_rings);
   return RingView{c.requests + size_t(q) * (c.request_mask + 1), c.ticket + q * kCounterStride,
                   c.consumed_seen + q * kCounterStride, &c.shared[q].consumed};
 }
@@ -227,7 +226,7 @@ GS_HD int push_request(const DeviceContext &c, const Request &r, bool release = 
   // The second line when used (an address, an inline payload: covered by
   // check too), whole: four 16-byte stores the GPU sends as one write.
   if (line1 > 0) prim::store_line_relaxed(dst + 8, w + 8);
-  // Release (a fence, ~0.7 µs on an H100): only when this block wrote ring
+  // Release (a system-scope fence, costly): only when this block wrote ring
   // bytes the proxy will send (ordered before us by the block's barrier). The
   // request itself needs none: the proxy takes it only once check matches.
   if (release) prim::fence_release();

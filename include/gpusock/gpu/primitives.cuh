@@ -1,12 +1,12 @@
 // gpusock device API: the primitives, the only place that knows which backend
 // runs. Under nvcc's device pass (__CUDA_ARCH__) they are CUDA intrinsics and
 // inline PTX; everywhere else (g++, or nvcc's host pass) they map onto the
-// host backend's threads (host_backend.h). Each group below says what its
+// host backend's threads (gpusock/host/backend.h). Each group below says what its
 // primitives guarantee, then gives the GPU's definitions, then the host's.
 #ifndef GPUSOCK_GPU_PRIMITIVES_CUH
 #define GPUSOCK_GPU_PRIMITIVES_CUH
 
-#include <gpusock/gpu/host_backend.h>
+#include <gpusock/host/backend.h>
 #include <gpusock/hd.h>
 
 #include <sched.h>
@@ -58,38 +58,53 @@ GS_HD void sync_warp() { host::t_thread.block->warp_barriers[warp_index()].arriv
 // ---- a poll team: the lanes of one warp that read the proxy's lines together
 //
 // One thread's loads of host memory take nearly a PCIe round trip each, even
-// in flight together (gpu_bench --micro: a status line as three 16-byte loads
-// of one thread 2.4 us, as one warp-wide load 1.45 us; with a 128-byte record
-// beside it 2.6 vs 1.46 us). So a wait for the proxy is polled by a warp, a
-// lane per 16 bytes, and lane 0 decides. On the host backend a team is its
+// in flight together, where one warp-wide load of the same line (and of a
+// record beside it) takes one round trip (gpu_bench --micro measures both).
+// So a wait for the proxy is polled by a warp, a lane per 16 bytes, and the
+// team's first lane decides. On the host backend a team is its
 // leader alone.
-// Team: the calling warp's lanes (all of them but in a block's last, partial warp).
-// team_shfl: lane `src`'s v, in every lane of the team (lane 0 alone: v).
+// Team: lanes of one warp from `first` on: the calling warp's (all of its
+//   lanes but in a block's last, partial warp), or the calling lane alone
+//   (solo_team, a thread that calls by itself).
+// team_rank: this lane's place in the team; team_leads: rank 0, who decides.
+// team_shfl: team rank `src`'s v, in every lane of the team.
 // team_sync: the team's barrier, which also orders their memory accesses.
 struct Team {
   unsigned lanes;  // 1 on the host backend
   unsigned mask;
+  unsigned first;  // the lane of team rank 0
 };
 #if defined(__CUDA_ARCH__)
 GS_HD Team team() {
   const unsigned left = block_dim() - warp_index() * 32;
   const unsigned lanes = left < 32 ? left : 32;
-  return Team{lanes, lanes == 32 ? 0xffffffffu : (1u << lanes) - 1};
+  return Team{lanes, lanes == 32 ? 0xffffffffu : (1u << lanes) - 1, 0};
 }
+GS_HD Team solo_team() {
+  const unsigned l = lane();
+  return Team{1, 1u << l, l};
+}
+GS_HD unsigned team_rank(const Team &t) { return lane() - t.first; }
 template <class T>  // an integer of 4 or 8 bytes
 GS_HD T team_shfl(const Team &t, T v, unsigned src) {
-  if constexpr (sizeof(T) == 8) return static_cast<T>(__shfl_sync(t.mask, static_cast<unsigned long long>(v), src));
-  else return static_cast<T>(__shfl_sync(t.mask, static_cast<unsigned>(v), src));
+  if constexpr (sizeof(T) == 8)
+    return static_cast<T>(__shfl_sync(t.mask, static_cast<unsigned long long>(v), t.first + src));
+  else return static_cast<T>(__shfl_sync(t.mask, static_cast<unsigned>(v), t.first + src));
 }
 GS_HD void team_sync(const Team &t) { __syncwarp(t.mask); }
 #else
-GS_HD Team team() { return Team{1, 1}; }
+// On the host backend a team is the one thread that calls (the scope's leader,
+// or a thread alone).
+GS_HD Team team() { return Team{1, 1, 0}; }
+GS_HD Team solo_team() { return Team{1, 1, 0}; }
+GS_HD unsigned team_rank(const Team &) { return 0; }
 template <class T>
 GS_HD T team_shfl(const Team &, T v, unsigned) {
   return v;
 }
 GS_HD void team_sync(const Team &) {}
 #endif
+GS_HD bool team_leads(const Team &t) { return team_rank(t) == 0; }
 
 // ---- loads of words the proxy writes, at system scope (never a stale cached copy)
 //
@@ -247,24 +262,24 @@ GS_HD T atomic_cas(T *p, T expected, T desired) {  // uint32_t, unsigned long lo
 GS_HD uint64_t now_ns() { return host::now_ns(); }
 #endif
 
-// Waiting for the proxy: short pauses first (a doorbell round trip is ~2 µs on
-// a GPU), then longer ones. On the host backend emulated threads may outnumber
-// cores many times: they yield for the first ~50 µs of a wait, then sleep.
+// Waiting for the proxy: short pauses first (a doorbell round trip is a few
+// PCIe round trips), then longer ones. On the host backend emulated threads
+// may outnumber cores many times: they yield for the first part of a wait,
+// then sleep.
 struct Backoff {
   unsigned n = 0;
   // Whether this wait should look at the stop flag now. Every waiting block
   // reading one host line on every poll serializes them all at the host
-  // bridge (~1 µs per read, measured: 132 blocks polling one line get 0.9 M
-  // reads/s together, their own lines 88 M/s), so short waits never look and
-  // long ones look every 16th poll.
+  // bridge (reads of one line queue there; reads of their own lines do not),
+  // so short waits never look and long ones look every 16th poll.
   GS_HD bool stop_check_due() const { return n >= 48 && (n & 15) == 0; }
 #if !defined(__CUDA_ARCH__)
   uint64_t since = 0;
 #endif
   GS_HD void pause() {
 #if defined(__CUDA_ARCH__)
-    // Each poll of host memory is a PCIe round trip (~1 µs) already: spin for
-    // the first ones (no added latency), then sleep 256 ns .. 2 µs.
+    // Each poll of host memory is a PCIe round trip already: spin for the
+    // first ones (no added latency), then sleep, doubling up to a bound.
     if (n >= GPUSOCK_SPIN_POLLS) {
       const unsigned k = n - GPUSOCK_SPIN_POLLS;
       __nanosleep(GPUSOCK_SLEEP_MIN_NS << (k < GPUSOCK_SLEEP_MAX_SHIFT ? k : GPUSOCK_SLEEP_MAX_SHIFT));

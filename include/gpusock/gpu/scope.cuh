@@ -1,12 +1,13 @@
-// gpusock device API: the cooperative scopes a call runs in, a threadblock
-// (BlockScope) or one warp (WarpScope), both a CooperativeScope: their
-// threads' ranks, size, leader (rank 0), barrier, a broadcast of the leader's
-// value and a count. on_leader runs the leader's part of a call; group_copy
-// moves bytes with every thread of a scope.
+// gpusock device API: the scopes a call runs in, a threadblock (BlockScope),
+// one warp (WarpScope) or one thread alone (ThreadScope), each a
+// CooperativeScope: their threads' ranks, size, leader (rank 0), barrier, a
+// broadcast of the leader's value, a count, and the team that polls the
+// proxy's lines. on_leader runs the leader's part of a call; group_copy moves
+// bytes with every thread of a scope.
 #ifndef GPUSOCK_GPU_SCOPE_CUH
 #define GPUSOCK_GPU_SCOPE_CUH
 
-#include <gpusock/gpu/host_backend.h>
+#include <gpusock/host/backend.h>
 #include <gpusock/gpu/primitives.cuh>
 #include <gpusock/hd.h>
 
@@ -49,20 +50,31 @@ inline unsigned count_via(std::atomic<unsigned> &counter, bool pred) {
 
 }  // namespace detail
 
-// Who calls together: every thread of one threadblock, or every lane of one
-// warp.
-enum class ScopeKind { kBlock, kWarp };
+// Who calls together: every thread of one threadblock, every lane of one warp,
+// or one thread by itself (UCX's device levels BLOCK, WARP, THREAD).
+enum class ScopeKind { kBlock, kWarp, kThread };
 
 // The threads that make one call together: their ranks, size, leader (rank
-// 0), barrier, a broadcast of the leader's value and a count. The two kinds
-// differ only in the primitives they stand on.
+// 0), barrier, a broadcast of the leader's value and a count. The kinds differ
+// only in the primitives they stand on.
 template <ScopeKind K>
 struct CooperativeScope {
+  static constexpr ScopeKind kKind = K;
   static constexpr bool kBlock = K == ScopeKind::kBlock;
+  static constexpr bool kThread = K == ScopeKind::kThread;
 
-  GS_HD static unsigned rank() { return kBlock ? prim::thread_rank() : prim::lane(); }
-  GS_HD static unsigned size() { return kBlock ? prim::block_dim() : prim::warp_size(); }
+  GS_HD static unsigned rank() { return kThread ? 0 : kBlock ? prim::thread_rank() : prim::lane(); }
+  GS_HD static unsigned size() { return kThread ? 1 : kBlock ? prim::block_dim() : prim::warp_size(); }
   GS_HD static bool leader() { return rank() == 0; }
+  // How many such scopes a block holds, and which one of the grid's this is
+  // (a block's, a warp's or a thread's number across the whole launch).
+  GS_HD static unsigned per_block() {
+    return kThread ? prim::block_dim() : kBlock ? 1 : (prim::block_dim() + prim::warp_size() - 1) / prim::warp_size();
+  }
+  GS_HD static unsigned index() {
+    const unsigned within = kThread ? prim::thread_rank() : kBlock ? 0 : prim::warp_index();
+    return prim::block_index() * per_block() + within;
+  }
   // Whether this thread is in the leader's poll team (prim::Team): the
   // leader's warp on a GPU, the leader alone on the host backend.
   GS_HD static bool in_poll_team() {
@@ -72,14 +84,29 @@ struct CooperativeScope {
     return leader();
 #endif
   }
+  // The team that polls for the scope: a thread alone polls by itself.
+  GS_HD static prim::Team poll_team() { return kThread ? prim::solo_team() : prim::team(); }
   GS_HD static void sync() {
     if constexpr (kBlock) prim::sync_block();
-    else prim::sync_warp();
+    else if constexpr (!kThread) prim::sync_warp();
   }
 
   // rank 0's value of v, in every thread.
   template <class T>
   GS_HD static T broadcast(const T &v) {
+    if constexpr (kThread) return v;
+    else return broadcast_in_group(v);
+  }
+
+  // How many threads passed pred == true.
+  GS_HD static unsigned count(bool pred) {
+    if constexpr (kThread) return pred ? 1u : 0u;
+    else return count_in_group(pred);
+  }
+
+ private:
+  template <class T>
+  GS_HD static T broadcast_in_group(const T &v) {
 #if defined(__CUDA_ARCH__)
     if constexpr (kBlock) {
       __shared__ unsigned long long scratch[host::kScratchWords];
@@ -101,8 +128,7 @@ struct CooperativeScope {
 #endif
   }
 
-  // How many threads passed pred == true.
-  GS_HD static unsigned count(bool pred) {
+  GS_HD static unsigned count_in_group(bool pred) {
 #if defined(__CUDA_ARCH__)
     if constexpr (kBlock) return static_cast<unsigned>(__syncthreads_count(pred));
     else return static_cast<unsigned>(__popc(__ballot_sync(0xffffffffu, pred)));
@@ -116,6 +142,7 @@ struct CooperativeScope {
 
 using BlockScope = CooperativeScope<ScopeKind::kBlock>;
 using WarpScope = CooperativeScope<ScopeKind::kWarp>;
+using ThreadScope = CooperativeScope<ScopeKind::kThread>;
 
 namespace detail {
 
@@ -134,9 +161,9 @@ GS_HD auto on_leader(const F &leader_part) {
 // the scope's barrier orders every thread's loads after that acquire, so
 // plain loads see them (the PTX memory model), and .cg skips the L1 besides.
 // Not strong loads at system scope: a warp's such loads of host memory do not
-// overlap (four in flight take four PCIe round trips, gpu_bench --micro mode
-// 19: 5.9 us for 2 KiB; .cg, mode 23: 1.6 us). The side in GPU memory may be
-// unaligned and goes bytewise.
+// overlap (four in flight take four PCIe round trips; gpu_bench --micro
+// compares them with .cg). The side in GPU memory may be unaligned and goes
+// bytewise.
 __device__ inline uint4 copy_load(const uint8_t *p, bool src_is_ring, bool aligned) {
   if (src_is_ring) return __ldcg(reinterpret_cast<const uint4 *>(p));  // aligned: the ring side anchors the words
   uint4 v;

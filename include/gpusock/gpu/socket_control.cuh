@@ -1,6 +1,6 @@
 // gpusock device API: the socket calls that move no data (socket, bind,
 // listen, connect, accept, shutdown, close, nop, should_stop), each a template
-// on the scope that runs it (BlockScope or WarpScope, scope.cuh). The leader
+// on the scope that runs it (BlockScope, WarpScope or ThreadScope, scope.cuh). The leader
 // talks to the proxy (channel_ops.cuh); every thread gets the result.
 // calls.cuh gives them their public names.
 #ifndef GPUSOCK_GPU_SOCKET_CONTROL_CUH

@@ -1,6 +1,6 @@
 // gpusock device API: the socket calls that move data (recv, send) or wait
-// for it (poll), each a template on the scope that runs it (BlockScope or
-// WarpScope, scope.cuh). The leader plans from the socket's status line
+// for it (poll), each a template on the scope that runs it (BlockScope,
+// WarpScope or ThreadScope, scope.cuh). The leader plans from the socket's status line
 // (channel_ops.cuh) and broadcasts the plan; every thread of the scope copies
 // its share of the bytes. calls.cuh gives them their public names.
 #ifndef GPUSOCK_GPU_SOCKET_DATA_CUH
@@ -118,10 +118,9 @@ GS_HD bool recv_verdict(const DeviceContext &c, int s, StatusView v, const Inlin
 // then each round every lane takes part in poll() and lane 0 judges what it
 // read with verdict(view, &p), waiting a little more when that says not yet.
 template <class First, class Poll, class Verdict>
-GS_HD Plan team_plan(const DeviceContext &c, bool dontwait, uint64_t deadline, First first, Poll poll,
-                     Verdict verdict) {
-  const prim::Team t = prim::team();
-  const bool lead = prim::lane() == 0;
+GS_HD Plan team_plan(const DeviceContext &c, const prim::Team &t, bool dontwait, uint64_t deadline, First first,
+                     Poll poll, Verdict verdict) {
+  const bool lead = prim::team_leads(t);
   Plan p{};
   int done = lead ? first(&p) : 0;
   if (prim::team_shfl(t, done, 0)) return p;
@@ -143,7 +142,7 @@ GS_HD Plan team_plan(const DeviceContext &c, bool dontwait, uint64_t deadline, F
 
 // The leader's poll team (S::in_poll_team): how much may be read now, or the
 // result if nothing can be (team_plan).
-GS_HD Plan recv_plan(const DeviceContext &c, int s, size_t want, bool dontwait, uint64_t deadline,
+GS_HD Plan recv_plan(const DeviceContext &c, const prim::Team &t, int s, size_t want, bool dontwait, uint64_t deadline,
                      uint8_t *inline_dst) {
   const InlineRecv *record = (c.flags & kCtxInlineRecv) ? c.inline_recv + s : nullptr;
   InlineView iv;
@@ -161,13 +160,13 @@ GS_HD Plan recv_plan(const DeviceContext &c, int s, size_t want, bool dontwait, 
     GPUSOCK_TRACE(trace::kRecvPollIssued);
     View view{};
     // c.sockets[s].recv_read: every lane, the same (only this call moves it)
-    view.v = read_status_team(c, c.status + s, record, c.sockets[s].recv_read, &iv, &view.has_record);
+    view.v = read_status_team(c, t, c.status + s, record, c.sockets[s].recv_read, &iv, &view.has_record);
     return view;
   };
   auto verdict = [&](const View &view, Plan *p) {
     return recv_verdict(c, s, view.v, view.has_record ? &iv : nullptr, want, inline_dst, p) ? 1 : 0;
   };
-  return team_plan(c, dontwait, deadline, first, poll, verdict);
+  return team_plan(c, t, dontwait, deadline, first, poll, verdict);
 }
 
 template <class S>
@@ -178,7 +177,8 @@ GS_HD ssize_t recv(const DeviceContext &c, int s, void *buf, size_t len, int fla
   size_t done = 0;
   while (done < len) {
     Plan p{};
-    if (S::in_poll_team()) p = recv_plan(c, s, len - done, dontwait, deadline, static_cast<uint8_t *>(buf) + done);
+    if (S::in_poll_team())
+      p = recv_plan(c, S::poll_team(), s, len - done, dontwait, deadline, static_cast<uint8_t *>(buf) + done);
     p = S::broadcast(p);
     if (p.n <= 0) return done > 0 ? static_cast<ssize_t>(done) : static_cast<ssize_t>(p.n);
     const uint8_t *ring = reinterpret_cast<const uint8_t *>(p.ring);
@@ -243,7 +243,8 @@ GS_HD bool send_verdict(const DeviceContext &c, int s, const StatusView &v, size
 
 // The leader's poll team (S::in_poll_team): where the next bytes may go into
 // the send ring, or the result (team_plan).
-GS_HD Plan send_plan(const DeviceContext &c, int s, size_t want, bool dontwait, uint64_t deadline) {
+GS_HD Plan send_plan(const DeviceContext &c, const prim::Team &t, int s, size_t want, bool dontwait,
+                     uint64_t deadline) {
   auto first = [&](Plan *p) {
     if (const int rc = open_socket(c, s); rc < 0) {
       *p = plan_result(rc);
@@ -259,14 +260,15 @@ GS_HD Plan send_plan(const DeviceContext &c, int s, size_t want, bool dontwait, 
   };
   auto poll = [&] {
     bool unused = false;
-    return read_status_team(c, c.status + s, nullptr, 0, nullptr, &unused);
+    return read_status_team(c, t, c.status + s, nullptr, 0, nullptr, &unused);
   };
   auto verdict = [&](const StatusView &v, Plan *p) { return send_verdict(c, s, v, want, dontwait, p) ? 1 : 0; };
-  return team_plan(c, dontwait, deadline, first, poll, verdict);
+  return team_plan(c, t, dontwait, deadline, first, poll, verdict);
 }
 
 // Leader: an inline message's bytes into its request, 16 at a time where the
-// source allows (64 byte loads of GPU memory cost ~0.6 us of every small send).
+// source allows (byte loads of GPU memory would be on the path of every small
+// send).
 GS_HD void copy_payload(uint8_t *dst, const uint8_t *src, size_t len) {
 #if defined(__CUDA_ARCH__)
   size_t i = 0;
@@ -299,7 +301,7 @@ GS_HD ssize_t send(const DeviceContext &c, int s, const void *buf, size_t len, i
   do {
     Plan p{};
     if (S::in_poll_team()) {
-      p = send_plan(c, s, send_piece(c, len - done), dontwait, deadline);
+      p = send_plan(c, S::poll_team(), s, send_piece(c, len - done), dontwait, deadline);
       GPUSOCK_TRACE(trace::kSendPlanned);
     }
     p = S::broadcast(p);

@@ -1,4 +1,5 @@
 // The libfabric transport, for real, over tcp (FI_EP_MSG) and shm (FI_EP_RDM).
+#include "wire/config.h"
 #include "wire/fabric/fabric_common.h"
 #include "wire/fabric/shm_names.h"
 #include "wire/transport.h"
@@ -1083,6 +1084,7 @@ TEST(OpenDomain, DefaultAndEnvironment) {
   const char *saved = std::getenv("GPUSOCK_TRANSPORT");
   std::string saved_value = saved != nullptr ? saved : "";
   unsetenv("GPUSOCK_TRANSPORT");
+  gpusock::config::reload();  // settings are read once; this test changes them
   DIR *dir = opendir("/sys/class/infiniband");
   bool device = false;
   if (dir != nullptr) {
@@ -1094,15 +1096,18 @@ TEST(OpenDomain, DefaultAndEnvironment) {
     EXPECT_STREQ(domain->caps().name, "fabric:tcp");
   }
   setenv("GPUSOCK_TRANSPORT", "fabric:shm", 1);
+  gpusock::config::reload();
   ASSERT_EQ(open_domain("", &domain, &error), 0) << error;
   EXPECT_STREQ(domain->caps().name, "fabric:shm");
   setenv("GPUSOCK_TRANSPORT", "nonsense", 1);
+  gpusock::config::reload();
   EXPECT_EQ(open_domain("", &domain, &error), -EINVAL);
   if (saved != nullptr) {
     setenv("GPUSOCK_TRANSPORT", saved_value.c_str(), 1);
   } else {
     unsetenv("GPUSOCK_TRANSPORT");
   }
+  gpusock::config::reload();
 }
 
 TEST(OpenDomain, CapsTableIsData) {

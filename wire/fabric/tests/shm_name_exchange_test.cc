@@ -4,6 +4,7 @@
 // command queue as a client's first send does (libfabric's smr_send_name),
 // naming a region that no longer exists, as a client killed and swept before
 // the listener progressed leaves it. shm alone dies in fi_cq_read on it.
+#include "test-support/timing.h"
 #include "wire/fabric/shm_names.h"
 #include "wire/fabric/shm_region.h"
 #include "wire/transport.h"
@@ -15,6 +16,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -22,20 +24,15 @@
 #include <cstring>
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace {
 
 using namespace gpusock::wire;
 namespace shm = gpusock::wire::fabric::shm;
+namespace test = gpusock::test;
 
-bool wait_until(const std::function<bool()> &done, int timeout_ms = 20000) {
-  const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  while (std::chrono::steady_clock::now() < end) {
-    if (done()) return true;
-    usleep(1000);
-  }
-  return done();
-}
+constexpr int kWaitMs = 20000;
 
 // What smr_send_name writes (shm 1.17): a command of 256 bytes whose header
 // has op SMR_OP_MAX + ofi_ctrl_connreq, the sender's id for us, its pid, and
@@ -99,27 +96,35 @@ struct ShmListener {
     addr.sin_port = reinterpret_cast<sockaddr_in &>(bound).sin_port;
   }
 
-  // A client of this process connects and both ends are established.
-  void serve_one_client() {
+  // A client of this process connects and both ends are established;
+  // `meanwhile` runs after the client's connect went and before the listener
+  // looks for its request.
+  void serve_one_client(const std::function<void()> &meanwhile = {}) {
     const uint8_t record[40] = {1};
     std::unique_ptr<Endpoint> client, server;
     std::unique_ptr<ConnectionRequest> request;
     ASSERT_EQ(domain->create_endpoint(nullptr, &client), 0);
     ASSERT_EQ(client->connect(reinterpret_cast<sockaddr *>(&addr), sizeof addr, record, sizeof record), 0);
-    ASSERT_TRUE(wait_until([&] {
-      CmEvent ev;
-      if (client->poll_cm(&ev) == 1) ADD_FAILURE() << "client event " << int(ev.kind) << " " << ev.status;
-      return listener->get_request(&request) == 1;
-    })) << "no request: no admission left, or the listener's table is full";
+    if (meanwhile) meanwhile();
+    ASSERT_TRUE(test::wait_until(
+        [&] {
+          CmEvent ev;
+          if (client->poll_cm(&ev) == 1) ADD_FAILURE() << "client event " << int(ev.kind) << " " << ev.status;
+          return listener->get_request(&request) == 1;
+        },
+        kWaitMs))
+        << "no request: no admission left, or the listener's table is full";
     ASSERT_EQ(domain->create_endpoint(request.get(), &server), 0);
     ASSERT_EQ(domain->accept(server.get(), request.get(), record, sizeof record), 0);
     CmEvent client_event, server_event;
     bool client_up = false, server_up = false;
-    ASSERT_TRUE(wait_until([&] {
-      client_up = client_up || client->poll_cm(&client_event) == 1;
-      server_up = server_up || server->poll_cm(&server_event) == 1;
-      return client_up && server_up;
-    }));
+    ASSERT_TRUE(test::wait_until(
+        [&] {
+          client_up = client_up || client->poll_cm(&client_event) == 1;
+          server_up = server_up || server->poll_cm(&server_event) == 1;
+          return client_up && server_up;
+        },
+        kWaitMs));
     EXPECT_EQ(client_event.kind, CmEventKind::kEstablished) << client_event.status;
     EXPECT_EQ(server_event.kind, CmEventKind::kEstablished) << server_event.status;
   }
@@ -134,6 +139,55 @@ TEST(ShmNameExchange, ListenerSurvivesTheNameOfAVanishedClientAndServesTheNext) 
   std::unique_ptr<ConnectionRequest> request;
   EXPECT_EQ(shm_listener.listener->get_request(&request), 0);  // shm 1.17 alone: SIGSEGV in fi_cq_read here
   shm_listener.serve_one_client();
+}
+
+// Every free descriptor number of this process taken (the limit lowered to a
+// few above what is open, then filled), given back when it goes.
+struct DescriptorsTaken {
+  rlimit saved{};
+  bool lowered = false;
+  std::vector<int> fds;
+  void take_all() {
+    ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &saved), 0);
+    const int spare = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    ASSERT_GE(spare, 0);
+    fds.push_back(spare);
+    rlimit low = saved;
+    low.rlim_cur = static_cast<rlim_t>(spare) + 16;
+    ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &low), 0);
+    lowered = true;
+    int fd;
+    while ((fd = fcntl(spare, F_DUPFD_CLOEXEC, 0)) >= 0) fds.push_back(fd);
+    ASSERT_EQ(errno, EMFILE);
+  }
+  ~DescriptorsTaken() {
+    for (int fd : fds) close(fd);
+    if (lowered) setrlimit(RLIMIT_NOFILE, &saved);
+  }
+};
+
+// A server out of descriptors while a client's name exchange waits in its
+// listener's queue: the kernel keeps such a connection in the backlog. The
+// listener may not map the client's region now, so it neither reads its CQ
+// (shm would map it and fail) nor drops the exchange (the client would wait
+// for good); get_request says EMFILE and the listener reads as ready (as a
+// kernel listener with a backlog does); once descriptors are free the client
+// is served.
+TEST(ShmNameExchange, ListenerOutOfDescriptorsKeepsTheClientWaitingAndServesItLater) {
+  ShmListener shm_listener;
+  ASSERT_NO_FATAL_FAILURE(shm_listener.open());
+  shm_listener.serve_one_client([&] {
+    DescriptorsTaken out;
+    ASSERT_NO_FATAL_FAILURE(out.take_all());
+    std::unique_ptr<ConnectionRequest> request;
+    const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+    while (std::chrono::steady_clock::now() < end) {
+      // shm 1.17 alone: SIGSEGV in fi_cq_read. The request waits, and says why.
+      EXPECT_EQ(shm_listener.listener->get_request(&request), -EMFILE);
+      EXPECT_TRUE(shm_listener.listener->maybe_ready());
+      usleep(1000);
+    }
+  });
 }
 
 // Clients of another process that give up after their name exchange went
@@ -174,7 +228,7 @@ TEST(ShmNameExchange, ClientsThatGiveUpBeforeTheirRequestLeaveNoPeerBehind) {
         if (quitter->connect(reinterpret_cast<sockaddr *>(&to), sizeof to, record, sizeof record) != 0) _exit(5);
       }
       if (!say(to_parent[1]) || !hear(to_child[0])) _exit(6);  // it read their exchanges
-      std::unique_ptr<Endpoint> settle;  // making one settles the parked: each probes
+      std::unique_ptr<Endpoint> settle;                        // making one settles the parked: each probes
       if (domain->create_endpoint(nullptr, &settle) != 0) _exit(7);
       if (!say(to_parent[1]) || !hear(to_child[0])) _exit(8);
     }

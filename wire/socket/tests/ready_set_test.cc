@@ -284,7 +284,8 @@ TEST(ReadySet, SleepEndsWhenAnotherThreadAddsAReadyMember) {
   Pairs p(8);
   ASSERT_TRUE(p.ok(8)) << gs_last_error();
   gs_ready_set_t *set = gs_ready_set_create();
-  for (int i = 0; i < 7; ++i) ASSERT_EQ(gs_ready_set_ctl(set, EPOLL_CTL_ADD, p.servers[static_cast<size_t>(i)], POLLIN), 0);
+  for (int i = 0; i < 7; ++i)
+    ASSERT_EQ(gs_ready_set_ctl(set, EPOLL_CTL_ADD, p.servers[static_cast<size_t>(i)], POLLIN), 0);
   EXPECT_TRUE(ready_fds(set, POLLIN, 0).empty());
   ASSERT_TRUE(send_all(p.clients[7], "q", 1));
   std::vector<pollfd> wait(32);

@@ -23,7 +23,7 @@ TEST(RingBudget, GrowsUnchosenRingsUntilSpentThenKeepsTheDefaults) {
   r = s = kDefault;
   EXPECT_FALSE(b.first_refusal());
   EXPECT_EQ(b.reserve(true, &r, true, &s), 0u);  // both do not fit: neither grows
-  EXPECT_TRUE(b.first_refusal());  // said once
+  EXPECT_TRUE(b.first_refusal());                // said once
   EXPECT_FALSE(b.first_refusal());
   EXPECT_EQ(r, kDefault);
   EXPECT_EQ(s, kDefault);

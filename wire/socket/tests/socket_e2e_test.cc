@@ -4,6 +4,7 @@
 #include "test-support/checksum.h"
 #include "test-support/gs_sockets.h"
 #include "test-support/peer_process.h"
+#include "test-support/resources.h"
 
 #include <gpusock/socket.h>
 
@@ -198,10 +199,7 @@ TEST_F(SocketE2E, HundredConcurrentConnections) {
 // clients wait to be admitted; none is refused or lost.
 TEST(SocketStorm, FourHundredConnectsBeforeTheFirstAccept) {
   constexpr int kConns = 400;
-  rlimit lim{};
-  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &lim), 0);
-  lim.rlim_cur = lim.rlim_max;
-  setrlimit(RLIMIT_NOFILE, &lim);  // fabric:tcp takes several descriptors a connection
+  raise_fd_limit();  // fabric:tcp takes several descriptors a connection
   const int port = free_port();
   PeerProcess server(GS_TEST_PEER, {"gated-echo", std::to_string(port)}, {.in = true, .out = true});
   std::string line;

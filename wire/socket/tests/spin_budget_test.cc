@@ -43,7 +43,7 @@ bool pin_to(pthread_t thread, int cpu) {
 TEST(SpinBudget, ShortWaitsKeepTheCeilingLongOnesHalveIt) {
   on_fresh_thread([] {
     EXPECT_EQ(budget_then_record(1), kCeiling);
-    EXPECT_EQ(budget_then_record(10 * kCeiling), kCeiling);  // this wait was long...
+    EXPECT_EQ(budget_then_record(10 * kCeiling), kCeiling);      // this wait was long...
     EXPECT_EQ(budget_then_record(10 * kCeiling), kCeiling / 2);  // ...so this one spun half
     EXPECT_EQ(budget_then_record(1), kCeiling / 4);
     EXPECT_EQ(budget_then_record(1), kCeiling);  // a short wait restores the ceiling

@@ -77,6 +77,8 @@ for s in "${servers[@]}"; do
   check "$s: misses answered unknown identity" grep -qE "unknown [1-9]" "$W/client-$s-64.out"
   client "$s-96" "$s" --conns 2 --requests 60 --size 96 --rate 200
   check "$s: 60 open-loop replies at 96x96 equal the CPU reference" test $? -eq 0
+  client "$s-mux" "$s" --conns 12 --mux 3 --requests 600 --size 64
+  check "$s: 600 replies on 12 connections multiplexed by 3 epoll threads equal the CPU reference" test $? -eq 0
 done
 
 # Bad input while a good client runs on its own connections.

@@ -4,10 +4,10 @@
 // launch and a memory resource name their GPU by CUDA's device ordinal (as
 // cudaSetDevice takes it, after CUDA_VISIBLE_DEVICES); gpu/devices.cuh starts
 // one proxy per GPU.
-#ifndef GPUSOCK_GPU_LAUNCH_CUH
-#define GPUSOCK_GPU_LAUNCH_CUH
+#ifndef GPUSOCK_HOST_LAUNCH_CUH
+#define GPUSOCK_HOST_LAUNCH_CUH
 
-#include <gpusock/gpu/host_backend.h>
+#include <gpusock/host/backend.h>
 #include <gpusock/proxy.h>
 
 #include <errno.h>

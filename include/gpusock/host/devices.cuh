@@ -5,10 +5,10 @@
 // ordinals (cudaSetDevice's numbers, after CUDA_VISIBLE_DEVICES). On the host
 // backend a GpuSet holds N emulated GPUs: N independent proxies over host
 // memory, which is how CI runs GPU-to-GPU code without a GPU.
-#ifndef GPUSOCK_GPU_DEVICES_CUH
-#define GPUSOCK_GPU_DEVICES_CUH
+#ifndef GPUSOCK_HOST_DEVICES_CUH
+#define GPUSOCK_HOST_DEVICES_CUH
 
-#include <gpusock/gpu/launch.cuh>
+#include <gpusock/host/launch.cuh>
 #include <gpusock/proxy.h>
 
 #include <errno.h>
@@ -24,13 +24,9 @@
 namespace gpusock {
 
 // How many GPUs a backend offers: CUDA devices, or the emulated GPUs of the
-// host backend ($GPUSOCK_HOST_GPUS, else 1).
+// host backend (host_backend_gpus()).
 inline int gpu_count(Backend backend) {
-  if (backend == Backend::kHost) {
-    const char *env = std::getenv("GPUSOCK_HOST_GPUS");
-    const int n = env && *env ? std::atoi(env) : 1;
-    return n > 0 ? n : 1;
-  }
+  if (backend == Backend::kHost) return host_backend_gpus();
 #if defined(__CUDACC__)
   int n = 0;
   return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;

@@ -3,8 +3,8 @@
 // blocks x threads host threads, and the primitives (primitives.cuh) map
 // __syncthreads/__syncwarp, broadcasts and counts onto the state kept here.
 // Host code only: nothing here runs on a GPU.
-#ifndef GPUSOCK_GPU_HOST_BACKEND_H
-#define GPUSOCK_GPU_HOST_BACKEND_H
+#ifndef GPUSOCK_HOST_BACKEND_H
+#define GPUSOCK_HOST_BACKEND_H
 
 #include <errno.h>
 #include <sched.h>

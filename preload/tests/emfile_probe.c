@@ -1,0 +1,167 @@
+/* emfile_probe: a server that runs out of descriptors while connections wait
+ * in its backlog. The kernel keeps them queued: accept fails with EMFILE,
+ * and once descriptors are free again every waiting connection is accepted;
+ * no client is refused or reset. Run on kernel TCP and under the shim.
+ *
+ *   server PORT N    listens, waits for N clients to be connecting, lowers
+ *                    its descriptor limit and fills every free number,
+ *                    accepts (EMFILE expected, twice: blocking and with
+ *                    SOCK_NONBLOCK), frees them, then accepts and echoes N
+ *   clients PORT N   N non-blocking connects at once, then on each: "ping"
+ *                    out, "ping" back
+ *
+ * Every check prints "ok: ..." or "FAIL: ..."; the exit status is the number
+ * of failures. */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "probe_check.h"
+#include "probe_io.h"
+
+#define MAX_CONNS 64
+
+/* The highest descriptor number open in this process. */
+static int highest_fd(void) {
+  int high = 0;
+  DIR *d = opendir("/proc/self/fd");
+  if (!d) return 1024;
+  for (struct dirent *e; (e = readdir(d));) {
+    const int fd = atoi(e->d_name);
+    if (fd > high) high = fd;
+  }
+  closedir(d);
+  return high;
+}
+
+static int read_all(int fd, char *buf, size_t n) {
+  size_t got = 0;
+  while (got < n) {
+    ssize_t r = read(fd, buf + got, n - got);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return -1;
+    got += (size_t)r;
+  }
+  return 0;
+}
+
+static int server(int port, int n) {
+  int l = tcp_listen(port, 0);
+  CHECK(l >= 0, "listening on %d", port);
+  if (l < 0) return failures;
+  printf("listening\n");
+  fflush(stdout);
+  sleep(2); /* the clients connect meanwhile */
+  struct pollfd pl = {l, POLLIN, 0};
+  CHECK(poll(&pl, 1, 10000) == 1 && (pl.revents & POLLIN), "the listener is readable: connections wait");
+
+  /* No descriptor left: a limit just above the highest open number, and
+   * every free number below it taken. */
+  struct rlimit saved;
+  getrlimit(RLIMIT_NOFILE, &saved);
+  struct rlimit low = saved;
+  low.rlim_cur = (rlim_t)highest_fd() + 1;
+  CHECK(setrlimit(RLIMIT_NOFILE, &low) == 0, "descriptor limit lowered to %lu", (unsigned long)low.rlim_cur);
+  int hogs[4096], nhogs = 0;
+  while (nhogs < 4096 && (hogs[nhogs] = open("/dev/null", O_RDONLY)) >= 0) ++nhogs;
+
+  pl.revents = 0;
+  CHECK(poll(&pl, 1, 10000) == 1 && (pl.revents & POLLIN), "still readable without a descriptor to accept into");
+  int c = accept(l, NULL, NULL);
+  CHECK(c < 0 && (errno == EMFILE || errno == ENFILE), "a blocking accept without descriptors fails with EMFILE");
+  if (c >= 0) close(c);
+  c = accept4(l, NULL, NULL, SOCK_NONBLOCK);
+  CHECK(c < 0 && (errno == EMFILE || errno == ENFILE), "so does accept4(SOCK_NONBLOCK)");
+  if (c >= 0) close(c);
+
+  for (int i = 0; i < nhogs; ++i) close(hogs[i]);
+  CHECK(setrlimit(RLIMIT_NOFILE, &saved) == 0, "descriptor limit restored");
+  int served = 0;
+  for (int i = 0; i < n; ++i) {
+    c = accept(l, NULL, NULL);
+    if (c < 0) {
+      CHECK(0, "accept %d of %d", i + 1, n);
+      break;
+    }
+    char buf[4];
+    if (read_all(c, buf, 4) == 0 && memcmp(buf, "ping", 4) == 0 && write_all(c, buf, 4) == 0) ++served;
+    close(c);
+  }
+  CHECK(served == n, "all %d waiting connections accepted and served afterwards (%d)", n, served);
+  close(l);
+  return failures;
+}
+
+/* Every connection's "ping" goes before any echo is read, and each goes as
+ * soon as its connection is up, whatever the others do: the server serves
+ * them in the order it accepts them, which need not be ours, and over
+ * rsocket a connect completes only when the server accepts it (kernel TCP
+ * completes it from the backlog), so waiting for them in our order could wait
+ * for a connection the server takes only after it has served another. */
+static int clients(int port, int n) {
+  int fds[MAX_CONNS], up[MAX_CONNS] = {0};
+  for (int i = 0; i < n; ++i) fds[i] = tcp_connect(port, SOCK_NONBLOCK);
+  int waiting = 0;
+  for (int i = 0; i < n; ++i) waiting += fds[i] >= 0;
+  for (int rounds = 0; waiting > 0 && rounds < 600; ++rounds) {
+    struct pollfd p[MAX_CONNS];
+    int at[MAX_CONNS], k = 0;
+    for (int i = 0; i < n; ++i)
+      if (fds[i] >= 0 && !up[i]) p[k] = (struct pollfd){fds[i], POLLOUT, 0}, at[k++] = i;
+    if (poll(p, (nfds_t)k, 100) < 0) break;
+    for (int j = 0; j < k; ++j) {
+      if (!p[j].revents) continue;
+      const int i = at[j];
+      int err = 0;
+      socklen_t len = sizeof err;
+      --waiting;
+      if (getsockopt(fds[i], SOL_SOCKET, SO_ERROR, &err, &len) < 0 || err != 0) {
+        printf("connection %d: %s\n", i, strerror(err ? err : errno));
+        close(fds[i]);
+        fds[i] = -1;
+        continue;
+      }
+      up[i] = 1;
+      int flags = fcntl(fds[i], F_GETFL);
+      fcntl(fds[i], F_SETFL, flags & ~O_NONBLOCK);
+      if (write_all(fds[i], "ping", 4) != 0) printf("connection %d: ping: %s\n", i, strerror(errno));
+    }
+  }
+  for (int i = 0; i < n; ++i)
+    if (fds[i] >= 0 && !up[i]) {
+      printf("connection %d: %s\n", i, strerror(ETIMEDOUT));
+      close(fds[i]);
+      fds[i] = -1;
+    }
+  int echoed = 0;
+  for (int i = 0; i < n; ++i) {
+    if (fds[i] < 0) continue;
+    char buf[4];
+    if (read_all(fds[i], buf, 4) == 0 && memcmp(buf, "ping", 4) == 0) ++echoed;
+    else printf("connection %d: no echo: %s\n", i, strerror(errno));
+  }
+  CHECK(echoed == n, "%d of %d connections neither refused nor reset, each echoed", echoed, n);
+  for (int i = 0; i < n; ++i)
+    if (fds[i] >= 0) close(fds[i]);
+  return failures;
+}
+
+int main(int argc, char **argv) {
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  if (argc == 4 && atoi(argv[3]) > 0 && atoi(argv[3]) <= MAX_CONNS) {
+    if (!strcmp(argv[1], "server")) return server(atoi(argv[2]), atoi(argv[3]));
+    if (!strcmp(argv[1], "clients")) return clients(atoi(argv[2]), atoi(argv[3]));
+  }
+  fprintf(stderr, "usage: see the top of emfile_probe.c\n");
+  return 2;
+}
