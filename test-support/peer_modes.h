@@ -123,17 +123,32 @@ inline std::string read_sink_reply(int fd) {
   return reply;
 }
 
-// Accepts `count` connections one after the other; reads each to EOF
-// (sleeping delay_us after every read of at most 4 KiB, if delay_us > 0;
-// reading nothing for stall_ms after the accept, if stall_ms > 0),
-// replies "<bytes> <fnv64>", half-closes and waits for the client's close.
-inline int sink_server(const sockaddr_in &at, int count, int delay_us, int stall_ms = 0) {
+// Reads standard input up to a newline or EOF: the parent's "go on".
+inline void wait_for_stdin_line() {
+  char c = 0;
+  while (read(STDIN_FILENO, &c, 1) == 1 && c != '\n') {}
+}
+
+// How a sink reads: sleeping delay_us after every read of at most 4 KiB (if
+// delay_us > 0); reading nothing for stall_ms after the accept (if > 0), or
+// until a line arrives on stdin (if gated: the parent decides when).
+struct SinkPace {
+  int delay_us = 0;
+  int stall_ms = 0;
+  bool gated = false;
+};
+
+// Accepts `count` connections one after the other; reads each to EOF at
+// `pace`, replies "<bytes> <fnv64>", half-closes and waits for the client's close.
+inline int sink_server(const sockaddr_in &at, int count, SinkPace pace = {}) {
   const int lfd = listen_or_die(at, 0);
+  const int delay_us = pace.delay_us;
   std::vector<uint8_t> buf(delay_us > 0 ? 4096 : (1 << 20));
   for (int i = 0; i < count; ++i) {
     const int c = gs_accept(lfd, nullptr, nullptr);
     if (c < 0) die(3, "accept", c);
-    if (stall_ms > 0) usleep(static_cast<useconds_t>(stall_ms) * 1000);
+    if (pace.stall_ms > 0) usleep(static_cast<useconds_t>(pace.stall_ms) * 1000);
+    if (pace.gated) wait_for_stdin_line();
     uint64_t bytes = 0;
     Fnv1a sum;
     for (;;) {

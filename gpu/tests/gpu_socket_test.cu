@@ -119,6 +119,7 @@ struct BulkSendKernel {
         const ssize_t n = gsend(ctx, s, mine + sent, sizes[i] - sent, flags, 30000);
         if (n == -EAGAIN) {
           ++eagain;
+          if (thread_rank() == 0) publish_i32(&r->eagain, eagain);
           pause_ns(20000);
           continue;
         }
@@ -671,10 +672,17 @@ TEST_F(GpuSockets, SendRingFullNonBlockingLosesNothing) {
   sizes[0] = n;
   uint8_t *data = mem_.alloc<uint8_t>(n);
   AgentResult *res = mem_.alloc<AgentResult>(1);
-  // Reads 4 KiB, sleeps 4 ms (1 MB/s): slower than any sender, also one under
-  // a sanitizer beside another test.
-  Peer sink({"sink", std::to_string(port), "1", "4000"});
-  run(1, kBlockThreads, BulkSendKernel{ctx_, port, sizes, 1, data, n, 400, MSG_DONTWAIT, res}, res, 1, 90000);
+  // The sink reads nothing until told, so the rings fill whatever the speed
+  // of the sender (a sanitizer, a busy machine).
+  Peer sink({"sink-gated", std::to_string(port)}, "", PeerPipes{.in = true});
+  launch(1, kBlockThreads, BulkSendKernel{ctx_, port, sizes, 1, data, n, 400, MSG_DONTWAIT, res});
+  const bool filled = wait_until([&] { return load_shared(&res[0].eagain) > 0 || load_shared(&res[0].done); }, 60000);
+  ASSERT_EQ(write(sink.stdin_fd(), "\n", 1), 1);
+  const bool finished = wait_until([&] { return load_shared(&res[0].done) == 1; }, 90000);
+  if (!finished) proxy_->request_kernel_stop();
+  EXPECT_EQ(grid_.wait(), 0) << grid_.last_error();
+  ASSERT_TRUE(finished) << "the kernel did not finish";
+  EXPECT_TRUE(filled) << "no EAGAIN while nothing was read";
   EXPECT_EQ(res[0].error, 0) << gs_status_name(res[0].error);
   EXPECT_GT(res[0].eagain, 0) << "the send ring never filled";
   EXPECT_EQ(std::string(res[0].reply), expected_sink_reply(n, 400));

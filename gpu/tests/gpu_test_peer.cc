@@ -283,7 +283,9 @@ int main(int argc, char **argv) {
   const int port = std::atoi(argv[2]);
   auto arg = [&](int i, long dflt) { return argc > i ? std::atol(argv[i]) : dflt; };
   if (mode == "echo") return echo_server(loopback(port), EchoOnClose::kAtOnce);
-  if (mode == "sink") return sink_server(loopback(port), static_cast<int>(arg(3, 1)), static_cast<int>(arg(4, 0)));
+  if (mode == "sink")
+    return sink_server(loopback(port), static_cast<int>(arg(3, 1)), SinkPace{static_cast<int>(arg(4, 0)), 0, false});
+  if (mode == "sink-gated") return sink_server(loopback(port), 1, SinkPace{0, 0, true});
   if (mode == "source") return source_client(port, static_cast<uint64_t>(arg(3, 0)), static_cast<uint32_t>(arg(4, 1)));
   if (mode == "clients")
     return echo_clients(port, static_cast<int>(arg(3, 1)), static_cast<int>(arg(4, 1)),

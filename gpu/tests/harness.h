@@ -24,8 +24,8 @@ inline std::string peer_binary() {
 // A spawned peer process (gpu_test_peer with args, or `program` with args),
 // terminated, then killed, when it goes out of scope.
 struct Peer : PeerProcess {
-  explicit Peer(const std::vector<std::string> &args, const std::string &program = "")
-      : PeerProcess(program.empty() ? peer_binary() : program, args) {}
+  explicit Peer(const std::vector<std::string> &args, const std::string &program = "", PeerPipes pipes = {})
+      : PeerProcess(program.empty() ? peer_binary() : program, args, pipes) {}
 };
 
 // Memory a kernel and the test both use, on either backend: host-mapped pinned

@@ -28,8 +28,8 @@ int main(int argc, char **argv) {
   const sockaddr_in at = test_address(std::atoi(argv[2]));
   if (mode == "echo") return echo_server(at, EchoOnClose::kFinishEcho);
   if (mode == "gated-echo") return echo_server(at, EchoOnClose::kFinishEcho, /*gated=*/true);
-  if (mode == "sink") return sink_server(at, 1, 0);
-  if (mode == "stall" && argc > 3) return sink_server(at, 1, 0, std::atoi(argv[3]));
+  if (mode == "sink") return sink_server(at, 1);
+  if (mode == "stall" && argc > 3) return sink_server(at, 1, SinkPace{0, std::atoi(argv[3]), false});
   if (mode == "listen" && argc > 3) return idle_listener(at, std::atoi(argv[3]));
   if (mode == "hold") {
     const int fd = connect_retry(at, RetryPolicy{.seconds = 5, .pause_ms = 10, .any_error = true});
