@@ -249,6 +249,7 @@ void Proxy::stop() {
   if (impl_) impl_->stop();
 }
 const std::string &Proxy::placement() const { return impl_->placement_; }
+std::string Proxy::transport() const { return impl_->transport_name(); }
 uint32_t Proxy::threads() const { return static_cast<uint32_t>(impl_->workers()); }
 
 ProxyStats Proxy::Impl::totals() const {

@@ -105,6 +105,7 @@ class Proxy::Impl {
   std::atomic<uint64_t> stat_orphans_{0}, stat_passes_{0};  // thread 0's
   ProxyStats totals() const;
   size_t workers() const { return workers_.size(); }
+  const char *transport_name() const { return domain_ ? domain_->caps().name : ""; }
   int kernel_exited(int grid_status);
 
  private:

@@ -143,6 +143,8 @@ class Proxy {
 
   // One line: the transport, and where the rings live and why.
   const std::string &placement() const;
+  // The transport it opened ("fabric:shm", "fabric:tcp", "verbs"); "" before start().
+  std::string transport() const;
   // How many proxy threads serve the sockets (ProxyOptions::threads, resolved).
   uint32_t threads() const;
   ProxyStats stats() const;

@@ -39,6 +39,7 @@ class HandChannel {
   }
   int start_rc() const { return start_rc_; }
   const DeviceContext &ctx() const { return ctx_; }
+  const Proxy &proxy() const { return *proxy_; }
 
   // Writes r on its socket's ring as the GPU does: the body, then seq.
   void post(const Request &request) {
@@ -108,6 +109,15 @@ TEST(ProxyRequests, NopIsAnsweredWithItsSequence) {
   EXPECT_EQ(ch.call(0, 1, kOpNop), 0);
   EXPECT_EQ(ch.call(0, 1, kOpNop), 0);
   EXPECT_EQ(ch.call(0, 1, 99), -EINVAL);  // an operation it does not know
+}
+
+// The proxy names the transport it opened, the one the settings chose.
+TEST(ProxyRequests, NamesTheTransportItOpened) {
+  HandChannel ch;
+  ASSERT_EQ(ch.start_rc(), 0);
+  const std::string name = ch.proxy().transport();
+  EXPECT_TRUE(name == "fabric:tcp" || name == "fabric:shm" || name == "verbs") << name;
+  EXPECT_NE(ch.proxy().placement().find("transport " + name), std::string::npos) << ch.proxy().placement();
 }
 
 TEST(ProxyRequests, BindTakesTheSocketRulesAddressCheck) {

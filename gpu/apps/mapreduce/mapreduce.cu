@@ -319,8 +319,7 @@ int kmeans(Worker &w, const Options &o, Result *res) {
 
 std::mutex g_print;
 
-void report(const Options &o, int rank, const char *backend, const Result &r) {
-  const char *transport = std::getenv("GPUSOCK_TRANSPORT");
+void report(const Options &o, int rank, const char *backend, const std::string &transport, const Result &r) {
   char line[1024];
   std::snprintf(line, sizeof line,
                 "{\"label\": \"%s\", \"job\": \"%s\", \"ranks\": %d, \"rank\": %d, \"mode\": \"%s\", \"backend\": "
@@ -328,7 +327,7 @@ void report(const Options &o, int rank, const char *backend, const Result &r) {
                 ", \"total_s\": %.6f, \"map_s\": %.6f, \"shuffle_s\": %.6f, \"reduce_s\": %.6f, \"status\": \"%s\", "
                 "\"check\": \"%s\"}",
                 o.label.c_str(), o.job.c_str(), o.ranks, rank, o.rank >= 0 ? "processes" : "threads", backend,
-                transport ? transport : "", r.input_bytes, r.sent_bytes, r.total_s, r.map_s, r.shuffle_s, r.reduce_s,
+                transport.c_str(), r.input_bytes, r.sent_bytes, r.total_s, r.map_s, r.shuffle_s, r.reduce_s,
                 r.status < 0 ? gs_status_name(r.status) : "ok", r.check.c_str());
   std::lock_guard<std::mutex> lock(g_print);
   std::printf("%s\n", line);
@@ -430,7 +429,7 @@ int main(int argc, char **argv) {
     if (res.status == 0) w.mesh_down();
     else gpus->proxy(index).request_kernel_stop();
     gpus->proxy(index).kernel_exited(res.status < 0 ? -EIO : 0);
-    report(o, rank, backend_name(gpus->backend()), res);
+    report(o, rank, backend_name(gpus->backend()), gpus->proxy(index).transport(), res);
   };
   std::vector<std::thread> threads;
   for (int i = 0; i < int(results.size()); ++i) threads.emplace_back(work, i);
