@@ -1,5 +1,7 @@
 #include "wire/connection_driver.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -15,12 +17,26 @@ constexpr uint32_t kPollBatch = 32;
 constexpr std::chrono::milliseconds kPeerTeardownWait{1000};
 constexpr std::chrono::milliseconds kTeardownLinger{50};
 
+size_t page_rounded(size_t size) { return (size + 4095) & ~size_t(4095); }
+
 uint8_t *alloc_page_aligned(size_t size) {
   // Page-aligned, as rsocket does, so registrations never share a page (fork safety).
-  const size_t rounded = (size + 4095) & ~size_t(4095);
+  const size_t rounded = page_rounded(size);
   void *p = std::aligned_alloc(4096, rounded);
   if (p) std::memset(p, 0, rounded);
   return static_cast<uint8_t *>(p);
+}
+
+// Rings come from the kernel, zero and untouched: a short connection given
+// large rings pays only for the pages it uses, not for zeroing megabytes at
+// connect and accept (transports that pin, such as verbs, touch them anyway).
+uint8_t *map_ring(size_t size) {
+  void *p = mmap(nullptr, page_rounded(size), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  return p == MAP_FAILED ? nullptr : static_cast<uint8_t *>(p);
+}
+
+void unmap_ring(uint8_t *ring, size_t size) {
+  if (ring) munmap(ring, page_rounded(size));
 }
 
 // How the application hears of a transport failing an established
@@ -38,8 +54,10 @@ gs_status_t ConnectionDriver::setup(ConnectionRequest *request, const DriverConf
   const uint32_t rbuf_size = receive_ring_size(config.rbuf_size);
   const uint32_t sbuf_size = std::max<uint32_t>(config.sbuf_size, 4096);
   owns_rings_ = config.rbuf == nullptr || config.sbuf == nullptr;
-  rbuf_ = owns_rings_ ? alloc_page_aligned(rbuf_size) : static_cast<uint8_t *>(config.rbuf);
-  sbuf_ = owns_rings_ ? alloc_page_aligned(sbuf_size) : static_cast<uint8_t *>(config.sbuf);
+  rbuf_bytes_ = rbuf_size;
+  sbuf_bytes_ = sbuf_size;
+  rbuf_ = owns_rings_ ? map_ring(rbuf_size) : static_cast<uint8_t *>(config.rbuf);
+  sbuf_ = owns_rings_ ? map_ring(sbuf_size) : static_cast<uint8_t *>(config.sbuf);
   meta_ = alloc_page_aligned(kMetaBlockSize);
   gs_status_t rc = rbuf_ && sbuf_ && meta_ ? 0 : -ENOMEM;
   if (rc == 0) rc = domain_->register_memory(sbuf_, sbuf_size, kAccessLocal, &sbuf_mr_);
@@ -114,8 +132,8 @@ void ConnectionDriver::release() {
     *mr = MemoryRegion{};
   }
   if (owns_rings_) {
-    std::free(rbuf_);
-    std::free(sbuf_);
+    unmap_ring(rbuf_, rbuf_bytes_);
+    unmap_ring(sbuf_, sbuf_bytes_);
   }
   std::free(meta_);
   rbuf_ = sbuf_ = meta_ = nullptr;

@@ -135,6 +135,7 @@ class ConnectionDriver {
   uint8_t *rbuf_ = nullptr;
   uint8_t *sbuf_ = nullptr;
   uint8_t *meta_ = nullptr;  // target table + control staging
+  uint32_t rbuf_bytes_ = 0, sbuf_bytes_ = 0;
   MemoryRegion rbuf_mr_{}, sbuf_mr_{}, meta_mr_{};
   uint32_t ctrl_stage_next_ = 0;
   struct SendSource {
