@@ -49,6 +49,12 @@ enum class EchoOnClose {
   kAtOnce,      // SHUT_WR and close now; the rest is dropped
 };
 
+// Waits for the parent's "go on": a byte (or EOF) on standard input.
+inline void wait_for_go() {
+  char go;
+  while (read(STDIN_FILENO, &go, 1) < 0 && errno == EINTR) {}
+}
+
 // Echoes every client until SIGTERM. Gated: listens with a backlog of 1024,
 // says "listening" on stdout and accepts nothing until a byte (or EOF) on
 // stdin, so that clients pile up first.
@@ -57,8 +63,7 @@ inline int echo_server(const sockaddr_in &at, EchoOnClose on_close, bool gated =
   if (gated) {
     std::printf("listening\n");
     std::fflush(stdout);
-    char go;
-    while (read(STDIN_FILENO, &go, 1) < 0 && errno == EINTR) {}
+    wait_for_go();
   }
   std::map<int, std::string> pending;  // fd -> bytes not yet echoed
   std::vector<char> buf(1 << 16);
@@ -123,15 +128,9 @@ inline std::string read_sink_reply(int fd) {
   return reply;
 }
 
-// Reads standard input up to a newline or EOF: the parent's "go on".
-inline void wait_for_stdin_line() {
-  char c = 0;
-  while (read(STDIN_FILENO, &c, 1) == 1 && c != '\n') {}
-}
-
 // How a sink reads: sleeping delay_us after every read of at most 4 KiB (if
 // delay_us > 0); reading nothing for stall_ms after the accept (if > 0), or
-// until a line arrives on stdin (if gated: the parent decides when).
+// until the parent says go on stdin (if gated).
 struct SinkPace {
   int delay_us = 0;
   int stall_ms = 0;
@@ -142,13 +141,12 @@ struct SinkPace {
 // `pace`, replies "<bytes> <fnv64>", half-closes and waits for the client's close.
 inline int sink_server(const sockaddr_in &at, int count, SinkPace pace = {}) {
   const int lfd = listen_or_die(at, 0);
-  const int delay_us = pace.delay_us;
-  std::vector<uint8_t> buf(delay_us > 0 ? 4096 : (1 << 20));
+  std::vector<uint8_t> buf(pace.delay_us > 0 ? 4096 : (1 << 20));
   for (int i = 0; i < count; ++i) {
     const int c = gs_accept(lfd, nullptr, nullptr);
     if (c < 0) die(3, "accept", c);
     if (pace.stall_ms > 0) usleep(static_cast<useconds_t>(pace.stall_ms) * 1000);
-    if (pace.gated) wait_for_stdin_line();
+    if (pace.gated) wait_for_go();
     uint64_t bytes = 0;
     Fnv1a sum;
     for (;;) {
@@ -157,7 +155,7 @@ inline int sink_server(const sockaddr_in &at, int count, SinkPace pace = {}) {
       if (n == 0) break;
       sum.add(buf.data(), static_cast<size_t>(n));
       bytes += static_cast<uint64_t>(n);
-      if (delay_us > 0) usleep(static_cast<useconds_t>(delay_us));
+      if (pace.delay_us > 0) usleep(static_cast<useconds_t>(pace.delay_us));
     }
     const std::string reply = sink_reply(bytes, sum.h);
     send_all(c, reply.data(), reply.size());
