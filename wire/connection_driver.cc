@@ -3,7 +3,6 @@
 #include <sys/mman.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 
 namespace gpusock::wire {
@@ -19,24 +18,18 @@ constexpr std::chrono::milliseconds kTeardownLinger{50};
 
 size_t page_rounded(size_t size) { return (size + 4095) & ~size_t(4095); }
 
-uint8_t *alloc_page_aligned(size_t size) {
-  // Page-aligned, as rsocket does, so registrations never share a page (fork safety).
-  const size_t rounded = page_rounded(size);
-  void *p = std::aligned_alloc(4096, rounded);
-  if (p) std::memset(p, 0, rounded);
-  return static_cast<uint8_t *>(p);
-}
-
-// Rings come from the kernel, zero and untouched: a short connection given
-// large rings pays only for the pages it uses, not for zeroing megabytes at
-// connect and accept (transports that pin, such as verbs, touch them anyway).
-uint8_t *map_ring(size_t size) {
+// Registered blocks (the rings, the meta block) come from the kernel:
+// page-aligned, as rsocket's, so registrations never share a page (fork
+// safety), and zero and untouched, so a short connection given large rings
+// pays only for the pages it uses, not for zeroing megabytes at connect and
+// accept (transports that pin, such as verbs, touch them anyway).
+uint8_t *map_block(size_t size) {
   void *p = mmap(nullptr, page_rounded(size), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   return p == MAP_FAILED ? nullptr : static_cast<uint8_t *>(p);
 }
 
-void unmap_ring(uint8_t *ring, size_t size) {
-  if (ring) munmap(ring, page_rounded(size));
+void unmap_block(uint8_t *block, size_t size) {
+  if (block) munmap(block, page_rounded(size));
 }
 
 // How the application hears of a transport failing an established
@@ -56,9 +49,9 @@ gs_status_t ConnectionDriver::setup(ConnectionRequest *request, const DriverConf
   owns_rings_ = config.rbuf == nullptr || config.sbuf == nullptr;
   rbuf_bytes_ = rbuf_size;
   sbuf_bytes_ = sbuf_size;
-  rbuf_ = owns_rings_ ? map_ring(rbuf_size) : static_cast<uint8_t *>(config.rbuf);
-  sbuf_ = owns_rings_ ? map_ring(sbuf_size) : static_cast<uint8_t *>(config.sbuf);
-  meta_ = alloc_page_aligned(kMetaBlockSize);
+  rbuf_ = owns_rings_ ? map_block(rbuf_size) : static_cast<uint8_t *>(config.rbuf);
+  sbuf_ = owns_rings_ ? map_block(sbuf_size) : static_cast<uint8_t *>(config.sbuf);
+  meta_ = map_block(kMetaBlockSize);
   gs_status_t rc = rbuf_ && sbuf_ && meta_ ? 0 : -ENOMEM;
   if (rc == 0) rc = domain_->register_memory(sbuf_, sbuf_size, kAccessLocal, &sbuf_mr_);
   if (rc == 0) rc = domain_->register_memory(rbuf_, rbuf_size, kAccessRemoteWrite, &rbuf_mr_);
@@ -132,10 +125,10 @@ void ConnectionDriver::release() {
     *mr = MemoryRegion{};
   }
   if (owns_rings_) {
-    unmap_ring(rbuf_, rbuf_bytes_);
-    unmap_ring(sbuf_, sbuf_bytes_);
+    unmap_block(rbuf_, rbuf_bytes_);
+    unmap_block(sbuf_, sbuf_bytes_);
   }
-  std::free(meta_);
+  unmap_block(meta_, kMetaBlockSize);
   rbuf_ = sbuf_ = meta_ = nullptr;
   owns_rings_ = false;
   established_ = false;
