@@ -20,6 +20,8 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace gpusock::wire::fabric::rdm {
@@ -78,9 +80,14 @@ struct RdmShared {
   std::shared_ptr<shm::HintBoard> board;  // our slot on it, given back with us
   int32_t hint_slot = -1;
   std::mutex mu;
-  std::atomic<bool> alive{true};                    // owner not yet destroyed
-  std::vector<std::shared_ptr<RdmShared>> inbound;  // in-process senders to us
-  Creator creator;                                  // only it closes the endpoint (which unlinks its region)
+  // Each peer name's inserts into `av`. shm 1.17 gives a name inserted twice
+  // one region-map entry and unmaps its region at the first fi_av_remove, so
+  // only a name's first insert and its last remove reach the AV.
+  std::mutex av_mu;
+  std::unordered_map<std::string, std::pair<fi_addr_t, uint32_t>> av_names;  // name: address, inserts
+  std::atomic<bool> alive{true};                                             // owner not yet destroyed
+  std::vector<std::shared_ptr<RdmShared>> inbound;                           // in-process senders to us
+  Creator creator;  // only it closes the endpoint (which unlinks its region)
 
   ~RdmShared();
 };
@@ -120,9 +127,10 @@ struct PeerRef {
 // go from `ringer`). An in-process peer is pinned first: -ECONNREFUSED if it
 // is gone.
 gs_status_t insert_peer(const std::shared_ptr<RdmShared> &self, const char *name, pid_t pid, int ringer, PeerRef *out);
-// Drop a peer from the AV; for shm this also frees its slot in the region map
-// (256 slots) and unmaps a cross-process peer's region.
-void remove_peer(fid_av *av, PeerRef *ref);
+// Drop a peer from the AV: at its name's last insert, for shm this also frees
+// its slot in the region map (256 slots) and unmaps a cross-process peer's
+// region.
+void remove_peer(RdmShared &self, PeerRef *ref);
 
 // An endpoint gone from its owner whose name exchange a live peer may not have
 // read yet (fabric_rdm_parking.cc): its fids stay open until it has.

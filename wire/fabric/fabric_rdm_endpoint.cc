@@ -76,7 +76,7 @@ RdmEndpoint::~RdmEndpoint() {
     unread_by = unread_by_ == &peer_ ? &peer_ : unread_by_ == &listener_ ? &listener_ : nullptr;
     if (peer_dead()) unread_by = nullptr;
     for (PeerRef *ref : {&peer_, &listener_})
-      if (ref != unread_by) remove_peer(shared_->av, ref);
+      if (ref != unread_by) remove_peer(*shared_, ref);
   }
   // A killed peer cannot unlink its endpoint's files; its connected peer
   // does, also when the connection ended (a failed write, a reset) before
@@ -100,7 +100,7 @@ void RdmEndpoint::fail_connect(int status, const char *reason) {
   unwatch();
   // Kept while the listener may not have read our name exchange: the
   // endpoint is parked for it when it goes.
-  if (shared_ && unread_by_ != &listener_) remove_peer(shared_->av, &listener_);
+  if (shared_ && unread_by_ != &listener_) remove_peer(*shared_, &listener_);
 }
 
 gs_status_t RdmEndpoint::connect(const sockaddr *addr, socklen_t len, const void *private_data, uint32_t private_len) {
@@ -240,7 +240,7 @@ void RdmEndpoint::handle_ctrl(const CtrlMsg &msg, size_t len) {
       peer_name_ = msg.name;
       peer_pid_ = msg.pid;
       watch_peer(msg.pid, msg.name);
-      remove_peer(shared_->av, &listener_);
+      remove_peer(*shared_, &listener_);
       ctrl_pending_ = false;
       state_ = State::kEstablished;
       queue_event(CmEventKind::kEstablished, 0, msg.private_data, msg.private_len);

@@ -143,7 +143,7 @@ void RdmListenerCore::drop_pending_ack_locked(uint64_t nonce) {
 
 void RdmListenerCore::forget_client_locked(PeerRef *client) {
   if (!client->valid()) return;
-  remove_peer(shared->av, client);
+  remove_peer(*shared, client);
   shared->bell.release_admissions(1);
 }
 

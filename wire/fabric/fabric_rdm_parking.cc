@@ -26,7 +26,7 @@ constexpr size_t kMaxParked = 64;  // each holds a region (~4 MiB of tmpfs touch
 bool region_exists(const std::string &name) { return access(("/dev/shm/" + name).c_str(), F_OK) == 0; }
 
 void close_parked(ParkedEndpoint *parked) {
-  remove_peer(parked->shared->av, &parked->peer);
+  remove_peer(*parked->shared, &parked->peer);
   parked->shared.reset();  // the last reference: fi_close, shm unlinks the region
 }
 

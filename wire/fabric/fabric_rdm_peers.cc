@@ -6,6 +6,7 @@
 #include <sys/random.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <unordered_map>
 
@@ -197,16 +198,35 @@ gs_status_t insert_peer(const std::shared_ptr<RdmShared> &self, const char *name
     if (!pin) return -ECONNREFUSED;
   }
   fi_addr_t addr = FI_ADDR_NOTAVAIL;
-  int ret = fi_av_insert(self->av, name, 1, &addr, 0, nullptr);
-  if (ret != 1) return ret < 0 ? fi_status(ret) : -EIO;
+  {
+    std::lock_guard<std::mutex> lock(self->av_mu);
+    auto &[known, inserts] = self->av_names[name];
+    if (inserts == 0) {
+      const int ret = fi_av_insert(self->av, name, 1, &known, 0, nullptr);
+      if (ret != 1) {
+        self->av_names.erase(name);
+        return ret < 0 ? fi_status(ret) : -EIO;
+      }
+    }
+    ++inserts;
+    addr = known;
+  }
   out->addr = addr;
   out->pin = std::move(pin);
   out->bell.open(name, ringer);  // none: a peer that never sleeps
   return 0;
 }
 
-void remove_peer(fid_av *av, PeerRef *ref) {
-  if (ref->valid()) fi_av_remove(av, &ref->addr, 1, 0);
+void remove_peer(RdmShared &self, PeerRef *ref) {
+  if (ref->valid()) {
+    std::lock_guard<std::mutex> lock(self.av_mu);
+    const auto named = std::find_if(self.av_names.begin(), self.av_names.end(),
+                                    [&](const auto &entry) { return entry.second.first == ref->addr; });
+    if (named == self.av_names.end() || --named->second.second == 0) {
+      fi_av_remove(self.av, &ref->addr, 1, 0);
+      if (named != self.av_names.end()) self.av_names.erase(named);
+    }
+  }
   ref->addr = FI_ADDR_NOTAVAIL;
   ref->pin.reset();
   ref->bell.reset();
