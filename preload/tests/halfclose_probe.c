@@ -126,8 +126,7 @@ static int receive(int listener, size_t tail) {
   const int fd = accept(listener, NULL, NULL);
   CHECK(fd >= 0, "accepted the sender's connection");
   if (fd < 0) return 1;
-  if (getenv("EXPECT_GPUSOCK") && atoi(getenv("EXPECT_GPUSOCK")))
-    CHECK(fd_is_gpusock(fd), "the accepted fd %d is a gpusock socket", fd);
+  if (expect_gpusock()) CHECK(fd_is_gpusock(fd), "the accepted fd %d is a gpusock socket", fd);
   fcntl(fd, F_SETFL, O_NONBLOCK);
   const int ep = epoll_create1(EPOLL_CLOEXEC);
   struct epoll_event ev = {.events = EPOLLIN, .data.fd = fd};
@@ -179,7 +178,7 @@ int main(int argc, char **argv) {
   const int l = tcp_listen(g_port, SOCK_CLOEXEC);
   CHECK(l >= 0, "listening on 127.0.0.1:%d", g_port);
   if (l < 0) return 1;
-  if (!(getenv("EXPECT_GPUSOCK") && atoi(getenv("EXPECT_GPUSOCK")))) {
+  if (!expect_gpusock()) {
     /* Kernel TCP: a receive buffer that autotuning did not grow (a loaded
      * machine reads slowly) holds the unread tail with no window left for the
      * FIN, which then waits for a read. A fixed buffer keeps room for both. */

@@ -101,8 +101,7 @@ static int server(int port) {
   const int c = accept(l, NULL, NULL);
   CHECK(c >= 0, "server: accepted a connection");
   if (c < 0) return 1;
-  if (getenv("EXPECT_GPUSOCK") && atoi(getenv("EXPECT_GPUSOCK")))
-    CHECK(fd_is_gpusock(c), "server: the accepted fd %d is a gpusock socket", c);
+  if (expect_gpusock()) CHECK(fd_is_gpusock(c), "server: the accepted fd %d is a gpusock socket", c);
   const int peer_port = port_of(c, 1);
   check_names(c, port, peer_port, "server");
   const pid_t pid = fork();
