@@ -197,21 +197,19 @@ gs_status_t insert_peer(const std::shared_ptr<RdmShared> &self, const char *name
     pin = pin_local_peer(self, name);
     if (!pin) return -ECONNREFUSED;
   }
-  fi_addr_t addr = FI_ADDR_NOTAVAIL;
   {
     std::lock_guard<std::mutex> lock(self->av_mu);
-    auto &[known, inserts] = self->av_names[name];
+    auto &[addr, inserts] = self->av_names[name];
     if (inserts == 0) {
-      const int ret = fi_av_insert(self->av, name, 1, &known, 0, nullptr);
+      const int ret = fi_av_insert(self->av, name, 1, &addr, 0, nullptr);
       if (ret != 1) {
         self->av_names.erase(name);
         return ret < 0 ? fi_status(ret) : -EIO;
       }
     }
     ++inserts;
-    addr = known;
+    out->addr = addr;
   }
-  out->addr = addr;
   out->pin = std::move(pin);
   out->bell.open(name, ringer);  // none: a peer that never sleeps
   return 0;

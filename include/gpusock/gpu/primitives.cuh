@@ -299,8 +299,9 @@ struct Backoff {
         // A sixteenth of the time waited so far, 10 µs to 2 ms: a wake-up
         // comes at most ~6% late, and a hundred idle blocks do not take the
         // cores that the proxy and the peers need to make their news.
-        const uint64_t ns = waited / 16 < 10000 ? 10000 : (waited / 16 > 2000000 ? 2000000 : waited / 16);
-        timespec ts{0, static_cast<long>(ns)};
+        const uint64_t pause_ns = waited / 16;
+        const long ns = pause_ns < 10000 ? 10000 : (pause_ns > 2000000 ? 2000000 : static_cast<long>(pause_ns));
+        timespec ts{0, ns};
         nanosleep(&ts, nullptr);
       }
     }
