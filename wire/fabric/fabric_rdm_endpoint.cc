@@ -17,7 +17,10 @@ gs_status_t RdmEndpoint::init() {
   if (ret < 0) return ret;
   for (int i = 0; i < kConnCtrlBufs; ++i) {
     ret = post_ctrl_buf(i);
-    if (ret < 0) return ret;
+    if (ret < 0) {
+      set_error_detail("fabric:shm: fi_recv of a control buffer: " + fi_error_text(ret));
+      return ret;
+    }
   }
   stash_.reserve(64);
   return 0;

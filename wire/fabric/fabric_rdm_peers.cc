@@ -201,10 +201,19 @@ gs_status_t insert_peer(const std::shared_ptr<RdmShared> &self, const char *name
     std::lock_guard<std::mutex> lock(self->av_mu);
     auto &[addr, inserts] = self->av_names[name];
     if (inserts == 0) {
+      errno = 0;
       const int ret = fi_av_insert(self->av, name, 1, &addr, 0, nullptr);
       if (ret != 1) {
+        // shm 1.17 returns only a count; why the peer's region could not be
+        // mapped is left in errno by its shm_open or mmap.
+        const int err = errno;
         self->av_names.erase(name);
-        return ret < 0 ? fi_status(ret) : -EIO;
+        const gs_status_t status = ret < 0                                           ? fi_status(ret)
+                                   : err == EMFILE || err == ENFILE || err == ENOMEM ? -err
+                                                                                     : -EIO;
+        set_error_detail(std::string("fabric:shm: mapping peer ") + name + ": " +
+                         (ret < 0 ? fi_error_text(ret) : std::string(std::strerror(-status))));
+        return status;
       }
     }
     ++inserts;
