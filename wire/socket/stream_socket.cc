@@ -99,6 +99,7 @@ StreamSocket::~StreamSocket() {
   count_connect_locked(false);
   for (auto &child : accepting_) child.reset();
   accept_queue_.clear();
+  held_request_.reset();  // refused before its listener goes
   listener_.reset();
   conn_.release();
   context_.ring_budget().release(grown_ring_bytes_);
@@ -282,9 +283,15 @@ bool StreamSocket::accept_requests_locked(bool by_application) {
   while (accepting_.size() + accept_queue_.size() < static_cast<size_t>(backlog_)) {
     std::unique_ptr<ConnectionRequest> request;
     ConnRecord peer;
-    const int got = next_valid_request(*listener_, &request, &peer, rejected, nullptr);
-    listener_short_ = got == -EMFILE || got == -ENFILE ? got : 0;
-    if (got <= 0) break;
+    if (held_request_) {  // taken before, when this process had no descriptor for it
+      request = std::move(held_request_);
+      peer = held_peer_;
+      listener_short_ = 0;
+    } else {
+      const int got = next_valid_request(*listener_, &request, &peer, rejected, nullptr);
+      listener_short_ = got == -EMFILE || got == -ENFILE ? got : 0;
+      if (got <= 0) break;
+    }
     did = true;
     auto child = std::make_unique<StreamSocket>(context_, domain_, family_);
     child->options_ = options_;  // accepted sockets inherit the listener's options (§1.5)
@@ -292,6 +299,14 @@ bool StreamSocket::accept_requests_locked(bool by_application) {
     child->local_addr_ = local_addr_;
     child->local_len_ = local_len_;
     if (int rc = child->conn_.accept(request.get(), peer, child->driver_config()); rc < 0) {
+      if (rc == -EMFILE || rc == -ENFILE) {
+        // Out of descriptors: the kernel keeps such a connection in the
+        // backlog and accept says EMFILE; so do we, and take it again later.
+        held_request_ = std::move(request);
+        held_peer_ = peer;
+        listener_short_ = rc;
+        break;
+      }
       log::write(log::kInfo, "socket", "accept failed: %s", gs_status_name(rc));
       request->reject();
       continue;
@@ -639,6 +654,7 @@ void StreamSocket::begin_close() {
   closing_ = true;
   const auto linger = options_.linger_opt.l_onoff ? std::chrono::seconds(options_.linger_opt.l_linger)
                                                   : std::chrono::seconds(context_.close_flush_seconds());
+  held_request_.reset();
   listener_.reset();
   accepting_.clear();
   accept_queue_.clear();

@@ -201,6 +201,8 @@ class StreamSocket {
   std::vector<std::unique_ptr<StreamSocket>> accepting_;
   std::deque<std::unique_ptr<StreamSocket>> accept_queue_;
   int listener_short_ = 0;  // -EMFILE/-ENFILE: the listener holds a request it cannot take yet
+  std::unique_ptr<wire::ConnectionRequest> held_request_;  // that request, when it came out already
+  wire::ConnRecord held_peer_{};
 };
 
 // The kernel's TCP keepalive idle time (tcp_keepalive_time), the default of TCP_KEEPIDLE.
