@@ -61,6 +61,12 @@ bool RegionLock::open(const std::string &name) {
 
 bool RegionLock::held() const { return __atomic_load_n(lock_, __ATOMIC_ACQUIRE) != spin_lock_free_value(); }
 
+uint64_t RegionLock::activity() const {
+  if (queue_ == nullptr) return 0;
+  return __atomic_load_n(&queue_->rcnt, __ATOMIC_RELAXED) * 0x9E3779B97F4A7C15ull +
+         __atomic_load_n(&queue_->wcnt, __ATOMIC_RELAXED);
+}
+
 void RegionLock::release() { __atomic_store_n(lock_, spin_lock_free_value(), __ATOMIC_RELEASE); }
 
 void RegionLock::drop_pending_commands() {

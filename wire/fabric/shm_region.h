@@ -69,6 +69,9 @@ class RegionLock {
 
   bool open(const std::string &name);
   bool held() const;
+  // Changes whenever a command is enqueued or consumed (0 without a queue):
+  // a lock that stays held while this stays put is not changing hands.
+  uint64_t activity() const;
   void release();
   // With the lock held by a dead sender: forget every command not yet
   // consumed, a torn last pair among them (see "Torn enqueues").

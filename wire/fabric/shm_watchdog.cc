@@ -2,6 +2,7 @@
 
 #include "wire/fabric/fabric_common.h"
 #include "wire/fabric/shm_bell.h"
+#include "wire/log.h"
 
 #include <poll.h>
 #include <pthread.h>
@@ -289,12 +290,19 @@ void ShmWatchdog::run() {
     for (const auto &watch : watches_) {
       settle_own_lock(watch.get());
       if (watch->stuck_mode) {
-        if (!watch->locks[0]->held()) {
+        RegionLock &lock = *watch->locks[0];
+        const bool held = lock.held();
+        const uint64_t activity = held ? lock.activity() : 0;
+        if (!held) {
           watch->held_since_ms = 0;
-        } else if (watch->held_since_ms == 0) {
-          watch->held_since_ms = now;
+        } else if (watch->held_since_ms == 0 || activity != watch->activity_seen) {
+          watch->held_since_ms = now;  // held, but by whoever came last
+          watch->activity_seen = activity;
         } else if (now - watch->held_since_ms >= kStuckLockMs) {
-          watch->locks[0]->release();
+          log::write(log::kInfo, "fabric",
+                     "fabric:shm: a listener's region lock held %llu ms with no command moving: released",
+                     static_cast<unsigned long long>(now - watch->held_since_ms));
+          lock.release();
           watch->held_since_ms = 0;
         }
       } else if (!watch->pidfd && !watch->dead.load(std::memory_order_relaxed) && kill(watch->pid, 0) != 0 &&

@@ -10,7 +10,10 @@
 // (the peer's and ours). After the peer's death only our endpoint's thread
 // touches those locks, so releasing them cannot break a live holder. Listener
 // regions take REQs from processes not yet known, so there the watchdog
-// releases the lock only when it stayed held for kStuckLockMs.
+// releases the lock only when it stayed held for kStuckLockMs with no command
+// enqueued or consumed meanwhile: a busy listener's lock can be seen held at
+// every look for seconds while it changes hands, and releasing it under a
+// live holder lets two threads into shm's queues and inject pool at once.
 //
 // Torn enqueues. A write with remote CQ data is two commands in the receiver's
 // queue (the write, then its RMA iov), committed one after the other under
@@ -73,6 +76,7 @@ struct PeerWatch {
   bool stuck_mode = false;
   bool own_lock_pending = false;  // dead, and our region's lock not yet settled
   uint64_t held_since_ms = 0;
+  uint64_t activity_seen = 0;        // stuck mode: the region's queue counters then
   std::string wake_path;             // the bell to ring when the peer dies
   std::shared_ptr<HintBoard> board;  // and the hint to mark (its sleep group may watch it)
   int32_t slot = -1;

@@ -262,4 +262,39 @@ TEST(ShmNameExchange, ClientsThatGiveUpBeforeTheirRequestLeaveNoPeerBehind) {
   for (int fd : {to_child[0], to_child[1], to_parent[0], to_parent[1]}) close(fd);
 }
 
+// The watchdog frees a listener region's lock that a killed client left held
+// (shm_watchdog.h), and only that: a busy listener's lock may be seen held at
+// every look for seconds while it changes hands. The test holds the lock
+// itself and moves the command queue's counters (an empty queue stays empty)
+// as enqueues and progress passes would: not released; then holds it still:
+// released, and the listener serves the next client.
+TEST(ShmListenerLock, HeldWhileCommandsMoveIsKeptAndHeldStillIsReleased) {
+  ShmListener shm_listener;
+  ASSERT_NO_FATAL_FAILURE(shm_listener.open());
+  shm::Rendezvous rv{};
+  ASSERT_TRUE(shm::read_rendezvous(shm::rendezvous_name("127.0.0.1", ntohs(shm_listener.addr.sin_port)), &rv));
+  const int fd = shm_open(rv.name, O_RDWR, 0);
+  ASSERT_GE(fd, 0);
+  shm::ShmRegionHead head{};
+  ASSERT_EQ(pread(fd, &head, sizeof head, 0), static_cast<ssize_t>(sizeof head));
+  char *base = static_cast<char *>(mmap(nullptr, head.total_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+  close(fd);
+  ASSERT_NE(base, MAP_FAILED);
+  auto *queue = reinterpret_cast<shm::ShmCirqueHead *>(base + head.cmd_queue_offset);
+  int *lock = &reinterpret_cast<shm::ShmRegionHead *>(base)->lock;
+  const int free_value = __atomic_load_n(lock, __ATOMIC_ACQUIRE);
+  pthread_spin_lock(reinterpret_cast<pthread_spinlock_t *>(lock));
+  const auto held = [&] { return __atomic_load_n(lock, __ATOMIC_ACQUIRE) != free_value; };
+  const auto moving_until = std::chrono::steady_clock::now() + std::chrono::milliseconds(3500);
+  while (std::chrono::steady_clock::now() < moving_until && held()) {
+    __atomic_fetch_add(&queue->rcnt, 1, __ATOMIC_RELEASE);
+    __atomic_fetch_add(&queue->wcnt, 1, __ATOMIC_RELEASE);
+    usleep(20000);
+  }
+  EXPECT_TRUE(held()) << "released while commands moved";
+  EXPECT_TRUE(test::wait_until([&] { return !held(); }, kWaitMs)) << "a lock held still was never released";
+  munmap(base, head.total_size);
+  shm_listener.serve_one_client();
+}
+
 }  // namespace
