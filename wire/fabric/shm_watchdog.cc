@@ -17,7 +17,10 @@
 namespace gpusock::wire::fabric::shm {
 namespace {
 
-constexpr uint64_t kStuckLockMs = 2000;
+// A listener's lock held this long with no command moving is taken for one a
+// killed client left. A live holder can keep it for seconds inside one
+// command: a pass that maps a hundred new clients' regions on a loaded machine.
+constexpr uint64_t kStuckLockMs = 10000;
 // Our region's lock still held this long after its peer died, by a thread of
 // ours inside the provider: that thread is spinning on it, not holding it (a
 // progress pass holds it for microseconds).

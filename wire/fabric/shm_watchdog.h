@@ -10,10 +10,10 @@
 // (the peer's and ours). After the peer's death only our endpoint's thread
 // touches those locks, so releasing them cannot break a live holder. Listener
 // regions take REQs from processes not yet known, so there the watchdog
-// releases the lock only when it stayed held for kStuckLockMs with no command
-// enqueued or consumed meanwhile: a busy listener's lock can be seen held at
-// every look for seconds while it changes hands, and releasing it under a
-// live holder lets two threads into shm's queues and inject pool at once.
+// releases the lock only when it stayed held for kStuckLockMs (10 s) with no
+// command enqueued or consumed meanwhile: a busy listener's lock can be seen
+// held at every look for seconds while it changes hands, and releasing it
+// under a live holder lets two threads into shm's queues and inject pool.
 //
 // Torn enqueues. A write with remote CQ data is two commands in the receiver's
 // queue (the write, then its RMA iov), committed one after the other under

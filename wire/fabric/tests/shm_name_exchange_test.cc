@@ -288,7 +288,7 @@ TEST(ShmListenerLock, HeldWhileCommandsMoveIsKeptAndHeldStillIsReleased) {
   const int free_value = __atomic_load_n(lock, __ATOMIC_ACQUIRE);
   pthread_spin_lock(reinterpret_cast<pthread_spinlock_t *>(lock));
   const auto held = [&] { return __atomic_load_n(lock, __ATOMIC_ACQUIRE) != free_value; };
-  const auto moving_until = std::chrono::steady_clock::now() + std::chrono::milliseconds(3500);
+  const auto moving_until = std::chrono::steady_clock::now() + std::chrono::milliseconds(12000);
   while (std::chrono::steady_clock::now() < moving_until && held()) {
     __atomic_fetch_add(&queue->rcnt, 1, __ATOMIC_RELEASE);
     __atomic_fetch_add(&queue->wcnt, 1, __ATOMIC_RELEASE);
