@@ -34,24 +34,13 @@ namespace test = gpusock::test;
 
 constexpr int kWaitMs = 20000;
 
-// Region `name` mapped whole, as its owner and its peers map it.
-void map_whole_region(const std::string &name, shm::ShmRegionHead *head, char **base) {
-  const int fd = shm_open(name.c_str(), O_RDWR, 0);
-  ASSERT_GE(fd, 0);
-  ASSERT_EQ(pread(fd, head, sizeof *head, 0), static_cast<ssize_t>(sizeof *head));
-  void *mapped = mmap(nullptr, head->total_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  close(fd);
-  ASSERT_NE(mapped, MAP_FAILED);
-  *base = static_cast<char *>(mapped);
-}
-
 // What smr_send_name writes (shm 1.17): a command of 256 bytes whose header
 // has op SMR_OP_MAX + ofi_ctrl_connreq, the sender's id for us, its pid, and
 // an inject buffer popped from our pool holding its region's name.
 void enqueue_name_exchange(const std::string &region, const std::string &sender) {
   shm::ShmRegionHead head{};
-  char *base = nullptr;
-  ASSERT_NO_FATAL_FAILURE(map_whole_region(region, &head, &base));
+  char *base = static_cast<char *>(shm::map_region(region, &head));
+  ASSERT_NE(base, nullptr);
   auto *queue = reinterpret_cast<shm::ShmCirqueHead *>(base + head.cmd_queue_offset);
   char *pool = base + head.inject_pool_offset;
   uint64_t entry_base, object_size;
@@ -281,8 +270,8 @@ TEST(ShmListenerLock, HeldWhileCommandsMoveIsKeptAndHeldStillIsReleased) {
   shm::Rendezvous rv{};
   ASSERT_TRUE(shm::read_rendezvous(shm::rendezvous_name("127.0.0.1", ntohs(shm_listener.addr.sin_port)), &rv));
   shm::ShmRegionHead head{};
-  char *base = nullptr;
-  ASSERT_NO_FATAL_FAILURE(map_whole_region(rv.name, &head, &base));
+  char *base = static_cast<char *>(shm::map_region(rv.name, &head));
+  ASSERT_NE(base, nullptr);
   auto *queue = reinterpret_cast<shm::ShmCirqueHead *>(base + head.cmd_queue_offset);
   int *lock = &reinterpret_cast<shm::ShmRegionHead *>(base)->lock;
   const int free_value = __atomic_load_n(lock, __ATOMIC_ACQUIRE);
