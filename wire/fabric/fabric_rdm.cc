@@ -150,36 +150,26 @@ gs_status_t RdmDomain::open_shared(std::shared_ptr<RdmShared> *out) {
   close_settled_parked();
   auto shared = std::make_shared<RdmShared>();
   shared->name = shm::new_endpoint_name(nullptr);
-  const char *call = "fi_endpoint";
+  const auto failed = [&](const char *call, int ret) {
+    set_error_detail(std::string("fabric:shm: ") + call + " of endpoint " + shared->name + ": " + fi_error_text(ret));
+    return fi_status(ret);
+  };
   int ret = fi_endpoint(domain_, info_.get(), &shared->ep, nullptr);
-  if (ret == 0) {
-    call = "fi_setname";
-    ret = fi_setname(&shared->ep->fid, const_cast<char *>(shared->name.c_str()), shared->name.size() + 1);
-  }
+  if (ret != 0) return failed("fi_endpoint", ret);
+  ret = fi_setname(&shared->ep->fid, const_cast<char *>(shared->name.c_str()), shared->name.size() + 1);
+  if (ret != 0) return failed("fi_setname", ret);
   fi_av_attr av_attr{};
   av_attr.type = FI_AV_TABLE;
   av_attr.count = 4;
-  if (ret == 0) {
-    call = "fi_av_open";
-    ret = fi_av_open(domain_, &av_attr, &shared->av, nullptr);
-  }
-  if (ret == 0) {
-    call = "fi_cq_open";
-    ret = open_endpoint_cq(&shared->cq, FI_WAIT_NONE);  // shm's wait objects wake nobody in another process
-  }
-  if (ret == 0) {
-    call = "fi_ep_bind";
-    ret = fi_ep_bind(shared->ep, &shared->av->fid, 0);
-    if (ret == 0) ret = fi_ep_bind(shared->ep, &shared->cq->fid, FI_TRANSMIT | FI_RECV);
-  }
-  if (ret == 0) {
-    call = "fi_enable";
-    ret = fi_enable(shared->ep);  // creates /dev/shm/<name>
-  }
-  if (ret != 0) {
-    set_error_detail(std::string("fabric:shm: ") + call + " of endpoint " + shared->name + ": " + fi_error_text(ret));
-    return fi_status(ret);
-  }
+  ret = fi_av_open(domain_, &av_attr, &shared->av, nullptr);
+  if (ret != 0) return failed("fi_av_open", ret);
+  ret = open_endpoint_cq(&shared->cq, FI_WAIT_NONE);  // shm's wait objects wake nobody in another process
+  if (ret < 0) return failed("fi_cq_open", ret);
+  ret = fi_ep_bind(shared->ep, &shared->av->fid, 0);
+  if (ret == 0) ret = fi_ep_bind(shared->ep, &shared->cq->fid, FI_TRANSMIT | FI_RECV);
+  if (ret != 0) return failed("fi_ep_bind", ret);
+  ret = fi_enable(shared->ep);  // creates /dev/shm/<name>
+  if (ret != 0) return failed("fi_enable", ret);
   // Before the name is published: a peer that finds no bell takes us for one
   // that never sleeps. Without one (another region layout, no resources) the
   // endpoint works and does not sleep either.
