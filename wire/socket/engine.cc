@@ -107,8 +107,10 @@ void Engine::start_background() {
   std::lock_guard lock(thread_mu_);
   if (thread_started_) return;
   if (background_waker_ < 0) background_waker_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  background_running_.store(true, std::memory_order_seq_cst);
   background_ = std::thread([this] { background_loop(); });
   (void)pthread_setname_np(background_.native_handle(), "gs-engine");  // for top -H, perf, gdb
+  background_id_ = background_.get_id();
   background_.detach();
   thread_started_ = true;
 }
@@ -272,6 +274,27 @@ void Engine::background_loop() {
     uint64_t value;
     while (read(background_waker_, &value, sizeof value) > 0) {}
   }
+  work.clear();
+  due.clear();
+  background_running_.store(false, std::memory_order_release);
+}
+
+// Ends the background thread's loop and waits for it to drop its sockets: a
+// socket it held last would otherwise be freed by it during exit, after
+// libfabric's destructor (which runs after every atexit handler) freed the
+// provider's own lists.
+void Engine::stop_background() {
+  stopping_.store(true, std::memory_order_seq_cst);
+  kick();
+  std::thread::id id;
+  {
+    std::lock_guard lock(thread_mu_);
+    if (!thread_started_) return;
+    id = background_id_;
+  }
+  if (std::this_thread::get_id() == id) return;  // exit() called from the thread itself
+  const auto deadline = Clock::now() + std::chrono::seconds(2);
+  while (background_running_.load(std::memory_order_acquire) && Clock::now() < deadline) sleep_us(100);
 }
 
 // At exit, give every connection the chance to flush and say DISCONNECT, as the
@@ -293,7 +316,7 @@ void Engine::at_exit() {
   const auto deadline = Clock::now() + std::chrono::seconds(std::min(e.close_flush_s_, 5));
   for (auto &socket : open)
     while (!socket->close_finished() && Clock::now() < deadline) sleep_us(100);
-  e.stopping_ = true;
+  e.stop_background();
   open.clear();
 }
 
@@ -339,6 +362,8 @@ void Engine::fork_child() {
   e.domain_error_.clear();
   e.thread_started_ = false;
   e.background_ = std::thread();  // the parent's thread does not exist here
+  e.background_id_ = {};
+  e.background_running_ = false;
   // Eventfds are shared with the parent across fork: the child makes its own
   // (or the two processes would take each other's wake-ups).
   if (e.background_waker_ >= 0) ::close(e.background_waker_);

@@ -84,6 +84,7 @@ class Engine final : public SocketContext {
   void release(std::shared_ptr<StreamSocket> socket);
   void limit_ring_budget_to_memlock();
   static void at_exit();
+  void stop_background();
 
   std::mutex table_mu_;  // serializes the table's writers (add, close, dup); lookups take no lock
   FdTable<StreamSocket> table_;
@@ -108,7 +109,11 @@ class Engine final : public SocketContext {
   std::mutex thread_mu_;
   bool thread_started_ = false;
   std::thread background_;
+  std::thread::id background_id_;
   std::atomic<bool> stopping_{false};
+  // True from the thread's start until it has left its loop and dropped every
+  // socket it held: at exit the transport's own destructors run after ours.
+  std::atomic<bool> background_running_{false};
   // The background thread sleeps on its sockets' wait fds and on this waker;
   // kick() writes it when the thread sleeps and the epoch moved under it.
   int background_waker_ = -1;

@@ -172,6 +172,23 @@ TEST_F(SocketE2E, OneWayBulkWithServerChecksum) {
   EXPECT_EQ(code, 0);
 }
 
+// A process that exits while a close still flushes: the library's exit
+// handler ends its background thread, so that no socket the thread held is
+// freed after libfabric's own destructor has freed the provider's state
+// (test_peer's send-close exits 8 if the thread outlived the handler).
+TEST_F(SocketE2E, ExitWhileACloseStillFlushes) {
+  for (int round = 0; round < 2; ++round) {
+    const int sink_port = free_port();
+    Peer sink({"stall", std::to_string(sink_port), "200"});
+    Peer sender({"send-close", std::to_string(sink_port), std::to_string(4 << 20)});
+    int code = -1;  // exit code, or 128 + signal
+    ASSERT_TRUE(sender.wait_exit(20000, &code)) << "round " << round;
+    EXPECT_EQ(code, 0) << "round " << round;
+    ASSERT_TRUE(sink.wait_exit(20000, &code)) << "round " << round;
+    EXPECT_EQ(code, 0) << "round " << round;
+  }
+}
+
 TEST_F(SocketE2E, HundredConcurrentConnections) {
   constexpr int kConns = 100;
   std::vector<int> fds;

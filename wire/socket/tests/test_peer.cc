@@ -9,19 +9,54 @@
 //   stall PORT MS       sink, but read nothing for MS after the accept
 //   listen PORT BACKLOG listen with BACKLOG, accept nothing; "listening" on stdout
 //   hold PORT           connect, send nothing, wait to be killed
+//   send-close PORT N   connect, send N bytes, close and exit at once (the close
+//                       still flushing in the background); exits 8 if the
+//                       library's background thread outlived its exit handler
 #include "test-support/peer_modes.h"
 
+#include <dirent.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
+#include <vector>
 
 using namespace gpusock::test;
+
+namespace {
+
+bool engine_thread_running() {
+  DIR *tasks = opendir("/proc/self/task");
+  if (tasks == nullptr) return false;
+  bool found = false;
+  while (dirent *task = readdir(tasks)) {
+    if (task->d_name[0] == '.') continue;
+    char comm[32] = {};
+    FILE *f = std::fopen(("/proc/self/task/" + std::string(task->d_name) + "/comm").c_str(), "r");
+    if (f == nullptr) continue;
+    found |= std::fgets(comm, sizeof comm, f) != nullptr && std::strncmp(comm, "gs-engine", 9) == 0;
+    std::fclose(f);
+  }
+  closedir(tasks);
+  return found;
+}
+
+// Registered before the library's own exit handler, so it runs after it: by
+// then the background thread must be gone (what it still held would be freed
+// after libfabric's destructor). A moment for the kernel to reap it.
+void check_engine_stopped() {
+  for (int i = 0; i < 50 && engine_thread_running(); ++i) usleep(1000);
+  if (engine_thread_running()) _exit(8);
+}
+
+}  // namespace
 
 int main(int argc, char **argv) {
   peer_signals();
   if (argc < 3) {
-    std::fprintf(stderr, "usage: %s echo|gated-echo|sink|blast|stall|listen|hold PORT [ARG]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s echo|gated-echo|sink|blast|stall|listen|hold|send-close PORT [ARG]\n", argv[0]);
     return 1;
   }
   const std::string mode = argv[1];
@@ -35,6 +70,14 @@ int main(int argc, char **argv) {
     const int fd = connect_retry(at, RetryPolicy{.seconds = 5, .pause_ms = 10, .any_error = true});
     if (fd < 0) return 5;
     for (;;) pause();
+  }
+  if (mode == "send-close" && argc > 3) {
+    std::atexit(check_engine_stopped);
+    const int fd = connect_retry(at, RetryPolicy{.seconds = 5, .pause_ms = 10, .any_error = true});
+    if (fd < 0) return 5;
+    const std::vector<uint8_t> bytes(std::strtoull(argv[3], nullptr, 10), 0x5A);
+    if (!send_all(fd, bytes.data(), bytes.size())) return 6;
+    return gs_close(fd) == 0 ? 0 : 7;
   }
   if (mode == "blast") {
     const int fd = connect_retry(at, RetryPolicy{.seconds = 5, .pause_ms = 10, .any_error = true});
