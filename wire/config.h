@@ -40,6 +40,7 @@ enum class Id : int {
   kSpinLockYield,
   // transports
   kFabricHmem,
+  kShmStuckLockMs,
   kVerbsDevice,
   // the GPU side
   kProxyThreads,

@@ -1,5 +1,6 @@
 #include "wire/fabric/shm_watchdog.h"
 
+#include "wire/config.h"
 #include "wire/fabric/fabric_common.h"
 #include "wire/fabric/shm_bell.h"
 #include "wire/log.h"
@@ -18,16 +19,20 @@ namespace gpusock::wire::fabric::shm {
 namespace {
 
 // A listener's lock held this long with no command moving is taken for one a
-// killed client left. A live holder can keep it for seconds inside one
-// command: a pass that maps a hundred new clients' regions on a loaded machine.
-constexpr uint64_t kStuckLockMs = 10000;
+// killed client left (GPUSOCK_SHM_STUCK_LOCK_MS, 10 s). A live holder can keep
+// it for seconds inside one command: a pass that maps a hundred new clients'
+// regions on a loaded machine.
+uint64_t stuck_lock_ms() {
+  static const uint64_t ms = static_cast<uint64_t>(config::get(config::Id::kShmStuckLockMs));
+  return ms;
+}
 // Our region's lock still held this long after its peer died, by a thread of
 // ours inside the provider: that thread is spinning on it, not holding it (a
 // progress pass holds it for microseconds).
 constexpr uint64_t kDeadHolderMs = 1000;
 constexpr int kWatchdogTickMs = 10;
 // A listener region's lock is looked at this often while it is free: a lock
-// that stays held is released after kStuckLockMs anyway, so an idle server's
+// that stays held is released after stuck_lock_ms() anyway, so an idle server's
 // watchdog wakes once a second, not every tick (docs/performance.md, the idle
 // rows), and the release comes at most this much later.
 constexpr int kStuckIdleTickMs = 1000;
@@ -301,7 +306,7 @@ void ShmWatchdog::run() {
         } else if (watch->held_since_ms == 0 || activity != watch->activity_seen) {
           watch->held_since_ms = now;  // held, but by whoever came last
           watch->activity_seen = activity;
-        } else if (now - watch->held_since_ms >= kStuckLockMs) {
+        } else if (now - watch->held_since_ms >= stuck_lock_ms()) {
           log::write(log::kInfo, "fabric",
                      "fabric:shm: a listener's region lock held %llu ms with no command moving: released",
                      static_cast<unsigned long long>(now - watch->held_since_ms));

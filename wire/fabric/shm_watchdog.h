@@ -10,7 +10,7 @@
 // (the peer's and ours). After the peer's death only our endpoint's thread
 // touches those locks, so releasing them cannot break a live holder. Listener
 // regions take REQs from processes not yet known, so there the watchdog
-// releases the lock only when it stayed held for kStuckLockMs (10 s) with no
+// releases the lock only when it stayed held for GPUSOCK_SHM_STUCK_LOCK_MS (10 s) with no
 // command enqueued or consumed meanwhile: a busy listener's lock can be seen
 // held at every look for seconds while it changes hands, and releasing it
 // under a live holder lets two threads into shm's queues and inject pool.
@@ -137,7 +137,7 @@ class ShmWatchdog {
   // the watchdog cannot run.
   std::shared_ptr<PeerWatch> watch_pid(pid_t pid, const std::vector<std::string> &regions, const std::string &wake_path,
                                        std::shared_ptr<HintBoard> board = nullptr, int32_t slot = -1);
-  // Release `region`'s lock when it stays held for kStuckLockMs.
+  // Release `region`'s lock when it stays held for GPUSOCK_SHM_STUCK_LOCK_MS.
   std::shared_ptr<PeerWatch> watch_stuck(const std::string &region);
   void unwatch(const std::shared_ptr<PeerWatch> &watch);
   // One ring of the bell at `bell_path` after `ms` (a client waiting to be

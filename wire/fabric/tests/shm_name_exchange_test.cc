@@ -5,6 +5,7 @@
 // naming a region that no longer exists, as a client killed and swept before
 // the listener progressed leaves it. shm alone dies in fi_cq_read on it.
 #include "test-support/timing.h"
+#include "wire/config.h"
 #include "wire/fabric/shm_names.h"
 #include "wire/fabric/shm_region.h"
 #include "wire/transport.h"
@@ -265,6 +266,9 @@ TEST(ShmNameExchange, ClientsThatGiveUpBeforeTheirRequestLeaveNoPeerBehind) {
 // as enqueues and progress passes would: not released; then holds it still:
 // released, and the listener serves the next client.
 TEST(ShmListenerLock, HeldWhileCommandsMoveIsKeptAndHeldStillIsReleased) {
+  // 2 s instead of 10 (when the process has not read its settings yet).
+  setenv("GPUSOCK_SHM_STUCK_LOCK_MS", "2000", 0);
+  const auto stuck_ms = gpusock::config::get(gpusock::config::Id::kShmStuckLockMs);
   ShmListener shm_listener;
   ASSERT_NO_FATAL_FAILURE(shm_listener.open());
   shm::Rendezvous rv{};
@@ -277,7 +281,7 @@ TEST(ShmListenerLock, HeldWhileCommandsMoveIsKeptAndHeldStillIsReleased) {
   const int free_value = __atomic_load_n(lock, __ATOMIC_ACQUIRE);
   pthread_spin_lock(reinterpret_cast<pthread_spinlock_t *>(lock));
   const auto held = [&] { return __atomic_load_n(lock, __ATOMIC_ACQUIRE) != free_value; };
-  const auto moving_until = std::chrono::steady_clock::now() + std::chrono::milliseconds(12000);
+  const auto moving_until = std::chrono::steady_clock::now() + std::chrono::milliseconds(stuck_ms + 2000);
   while (std::chrono::steady_clock::now() < moving_until && held()) {
     __atomic_fetch_add(&queue->rcnt, 1, __ATOMIC_RELEASE);
     __atomic_fetch_add(&queue->wcnt, 1, __ATOMIC_RELEASE);
