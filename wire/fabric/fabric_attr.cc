@@ -48,11 +48,12 @@ const ProviderAttr kProviderAttrs[] = {
         // FI_RX_CQ_DATA is not offered for RDM: our handshake messages share the
         // receive queue, and zero-length receives would swallow them.
         .mode = 0,
-        // The default 1024 on purpose: shm rounds its region up to 16 MiB and
-        // zero-fills (strncpy) from the name to the end, so smaller queues touch
-        // *more* /dev/shm pages (3.8 MiB per endpoint at 1024, 6 MiB at 512,
-        // 7.9 MiB at 64). A write with immediate takes 2 of the peer's command
-        // slots.
+        // The default 1024. shm rounds its region up to a power of two and
+        // zero-fills (strncpy) from the name to the end; those pages are given
+        // back (shm::release_region_tail), so the sizes no longer decide the
+        // /dev/shm an endpoint holds. They size shm's free stacks of each
+        // endpoint (its private memory) and how many commands may wait at the
+        // peer: a write with immediate takes 2 of the peer's command slots.
         .tx_size = 0,
         .rx_size = 0,
     },

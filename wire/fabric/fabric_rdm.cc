@@ -116,6 +116,7 @@
 // descriptor (its bell); the first 64 peers a process rings also get a
 // socket connected to their bell (shm_bell.h).
 #include "wire/fabric/fabric_rdm.h"
+#include "wire/fabric/shm_region.h"
 #include "wire/spin_lock.h"
 
 #include <unistd.h>
@@ -170,6 +171,7 @@ gs_status_t RdmDomain::open_shared(std::shared_ptr<RdmShared> *out) {
   if (ret != 0) return failed("fi_ep_bind", ret);
   ret = fi_enable(shared->ep);  // creates /dev/shm/<name>
   if (ret != 0) return failed("fi_enable", ret);
+  (void)shm::release_region_tail(shared->name);  // kept as it is where holes cannot be punched
   // Before the name is published: a peer that finds no bell takes us for one
   // that never sleeps. Without one (another region layout, no resources) the
   // endpoint works and does not sleep either.

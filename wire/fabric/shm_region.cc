@@ -28,6 +28,24 @@ bool read_region_head(int fd, const std::string &name, ShmRegionHead *head, size
   return true;
 }
 
+bool release_region_tail(const std::string &name) {
+  constexpr size_t kSockNameMax = 108;  // shm's SMR_SOCK_NAME_MAX: sizeof(sockaddr_un::sun_path)
+  const int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
+  if (fd < 0) return false;
+  ShmRegionHead head{};
+  size_t file_size = 0;
+  bool released = false;
+  if (read_region_head(fd, name, &head, &file_size) && head.sock_name_offset > head.name_offset) {
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    const size_t from = (head.sock_name_offset + kSockNameMax + page - 1) / page * page;
+    released =
+        from < head.total_size && fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(from),
+                                            static_cast<off_t>(head.total_size - from)) == 0;
+  }
+  close(fd);
+  return released;
+}
+
 RegionLock::~RegionLock() {
   if (base_ != nullptr) munmap(base_, size_);
 }

@@ -59,6 +59,14 @@ bool read_region_head(int fd, const std::string &name, ShmRegionHead *head, size
 // nullptr; *head: that head. Unmapped by the caller.
 void *map_region(const std::string &name, ShmRegionHead *head);
 
+// Gives back the pages of our own region `name` past its names. shm 1.17
+// copies the region's name with strncpy bounded by the rest of the region, so
+// every byte from the name to the end of the power-of-two size is written
+// with zeros: ~3.7 MiB of tmpfs an endpoint that nobody reads. False when the
+// head does not check out or the file system cannot punch holes (nothing
+// changed then).
+bool release_region_tail(const std::string &name);
+
 // Our own mapping of a region, for its lock word (see shm_watchdog.h).
 class RegionLock {
  public:
