@@ -49,6 +49,25 @@ static int open_fds(void) {
   return n - 1; /* the directory's own */
 }
 
+/* A field of /proc/self/status in kB (RssAnon, RssShmem), -1 if absent. */
+static long status_kb(const char *field) {
+  FILE *f = fopen("/proc/self/status", "r");
+  if (!f) return -1;
+  char line[256];
+  long kb = -1;
+  const size_t len = strlen(field);
+  while (kb < 0 && fgets(line, sizeof line, f))
+    if (!strncmp(line, field, len) && line[len] == ':') kb = strtol(line + len + 1, NULL, 10);
+  fclose(f);
+  return kb;
+}
+
+/* "mem: WHO anon_kB shmem_kB": the process's private and shared resident
+ * memory, for scripts/conn-memory to compare against its baseline. */
+static void print_mem(const char *who) {
+  printf("mem: %s %ld %ld\n", who, status_kb("RssAnon"), status_kb("RssShmem"));
+}
+
 /* The byte at offset i of connection c's stream. */
 static unsigned char pattern(int c, size_t i) { return (unsigned char)((c * 131u + i * 7u + (i >> 9)) ^ 0x5a); }
 
@@ -95,10 +114,11 @@ static int server(int port, int conns) {
   close(self);
   usleep(300000);
   const int baseline = open_fds();
+  print_mem("server-base");
   int ep = epoll_create1(EPOLL_CLOEXEC);
   struct epoll_event ev = {.events = EPOLLIN, .data.fd = l};
   CHECK(epoll_ctl(ep, EPOLL_CTL_ADD, l, &ev) == 0, "server: listener in the epoll set");
-  int accepted = 0, open_now = 0, closed = 0, peak_fds = 0;
+  int accepted = 0, open_now = 0, closed = 0, peak_fds = 0, said_mem = 0;
   static char buf[65536];
   const int expected = conns + 1; /* the clients' warm-up connection too */
   while (closed < expected) {
@@ -118,6 +138,8 @@ static int server(int port, int conns) {
           if (++open_now >= conns) { /* all open (the warm-up's close may lag) */
             const int n_fds = open_fds();
             if (n_fds > peak_fds) peak_fds = n_fds;
+            if (!said_mem) print_mem("server-open");
+            said_mem = 1;
           }
         }
         continue;
@@ -169,6 +191,7 @@ static int clients(int port, int conns, size_t bytes) {
   close(warm);
   usleep(300000);
   const int baseline = open_fds();
+  print_mem("clients-base");
   int opened = 0;
   for (int i = 0; i < conns; ++i) {
     cs[i].fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -181,6 +204,7 @@ static int clients(int port, int conns, size_t bytes) {
   }
   CHECK(opened == conns, "clients: %d of %d connections open", opened, conns);
   printf("fds: clients-open %d\n", open_fds() - baseline);
+  print_mem("clients-open");
   int ep = epoll_create1(EPOLL_CLOEXEC);
   for (int i = 0; i < opened; ++i) {
     struct epoll_event ev = {.events = EPOLLIN | EPOLLOUT, .data.u32 = (uint32_t)i};
