@@ -18,6 +18,7 @@
 #include <pthread.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -257,6 +258,21 @@ TEST(ShmNameExchange, ClientsThatGiveUpBeforeTheirRequestLeaveNoPeerBehind) {
   EXPECT_EQ(waitpid(child, &status, 0), child);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
   for (int fd : {to_child[0], to_child[1], to_parent[0], to_parent[1]}) close(fd);
+}
+
+// shm 1.17 writes zeros from a region's name to the end of its power-of-two
+// size; the endpoint gives those pages back, so its region file holds a few
+// pages, not megabytes (shm_region.h, release_region_tail).
+TEST(ShmRegion, TailPastTheNamesHoldsNoPages) {
+  ShmListener shm_listener;
+  ASSERT_NO_FATAL_FAILURE(shm_listener.open());
+  shm::Rendezvous rv{};
+  ASSERT_TRUE(shm::read_rendezvous(shm::rendezvous_name("127.0.0.1", ntohs(shm_listener.addr.sin_port)), &rv));
+  struct stat st {};
+  ASSERT_EQ(stat(("/dev/shm/" + std::string(rv.name)).c_str(), &st), 0);
+  EXPECT_GE(st.st_size, 8 << 20) << "a region smaller than shm 1.17's";
+  EXPECT_LT(static_cast<long long>(st.st_blocks) * 512, 1 << 20) << "bytes held by a region of " << st.st_size;
+  shm_listener.serve_one_client();  // the endpoint still works
 }
 
 // The watchdog frees a listener region's lock that a killed client left held
