@@ -13,13 +13,12 @@
 //                       still flushing in the background); exits 8 if the
 //                       library's background thread outlived its exit handler
 #include "test-support/peer_modes.h"
+#include "test-support/resources.h"
 
-#include <dirent.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <string>
 #include <vector>
 
@@ -28,19 +27,9 @@ using namespace gpusock::test;
 namespace {
 
 bool engine_thread_running() {
-  DIR *tasks = opendir("/proc/self/task");
-  if (tasks == nullptr) return false;
-  bool found = false;
-  while (dirent *task = readdir(tasks)) {
-    if (task->d_name[0] == '.') continue;
-    char comm[32] = {};
-    FILE *f = std::fopen(("/proc/self/task/" + std::string(task->d_name) + "/comm").c_str(), "r");
-    if (f == nullptr) continue;
-    found |= std::fgets(comm, sizeof comm, f) != nullptr && std::strncmp(comm, "gs-engine", 9) == 0;
-    std::fclose(f);
-  }
-  closedir(tasks);
-  return found;
+  for (const ThreadTicks &thread : thread_ticks())
+    if (thread.comm == "gs-engine") return true;
+  return false;
 }
 
 // Registered before the library's own exit handler, so it runs after it: by
