@@ -262,6 +262,7 @@ gs_status_t ConnectionDriver::post_action(const Action &a) {
   w.has_imm = a.has_imm;
   w.token = a.token;
   w.inline_data = a.inline_ok;
+  w.closes = a.closes;
   const bool data = a.write_kind == WriteKind::kData;
   // A zero-copy source starts after everything the ring held was posted and
   // ends before anything the ring holds next, so a write is all one or the other.

@@ -48,7 +48,11 @@ struct WriteRequest {
   uint32_t imm = 0;
   bool has_imm = true;
   bool inline_data = false;  // small: the transport may copy it at post time
-  uint64_t token = 0;        // returned in the completion
+  // The stream's last write: the transport is torn down once it completes, so
+  // its completion must mean the peer has it (and everything before it), not
+  // only that a local socket took it.
+  bool closes = false;
+  uint64_t token = 0;  // returned in the completion
 };
 
 enum class CompletionKind : uint8_t {

@@ -60,6 +60,7 @@ struct Action {
   WriteKind write_kind = WriteKind::kData;
   bool has_imm = true;
   bool inline_ok = false;               // length <= inline_size: the transport may post inline
+  bool closes = false;                  // the DISCONNECT: the transport is torn down after its completion
   uint32_t count = 0;                   // kPostRecv
   uint32_t imm = 0;                     // host order
   uint32_t length = 0;                  // bytes to write

@@ -243,6 +243,7 @@ GS_HD bool Stream::produce_control(Action *a) {
   a->remote_addr = peer_table_.addr;
   a->rkey = peer_table_.key;
   a->inline_ok = true;
+  a->closes = code == kCtrlDisconnect;
   a->token = wr_tail_;
   return true;
 }

@@ -4,7 +4,9 @@
 //      mode 0 (no FI_RX_CQ_DATA: a write with remote CQ data needs no posted
 //      receive), mr_mode 0 (scalable: the peer addresses a region by its
 //      0-based offset, keys are ours), inject_size 128, tx/rx size 256,
-//      cq_data_size 8, CM private data up to 256 bytes. No FI_HMEM.
+//      cq_data_size 8, CM private data up to 256 bytes. No FI_HMEM. A write
+//      completes once the kernel socket took it; with FI_DELIVERY_COMPLETE,
+//      once the peer's provider acknowledged it.
 // shm  (prov/shm): FI_EP_RDM over a /dev/shm region per endpoint, RMA through
 //      CMA or the region's bounce buffers (a plain write: the initiator's
 //      process_vm_writev; a write with CQ data: the target's progress pulls
@@ -36,6 +38,7 @@ const ProviderAttr kProviderAttrs[] = {
         .mode = FI_RX_CQ_DATA,
         .tx_size = 0,
         .rx_size = 0,
+        .closing_write_acked = true,
     },
     {
         .spec = "fabric:shm",
@@ -56,6 +59,9 @@ const ProviderAttr kProviderAttrs[] = {
         // peer: a write with immediate takes 2 of the peer's command slots.
         .tx_size = 0,
         .rx_size = 0,
+        // A completion of a write with immediate means the target's progress
+        // pulled the bytes into its memory.
+        .closing_write_acked = false,
     },
 };
 

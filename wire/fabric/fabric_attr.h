@@ -25,6 +25,9 @@ struct ProviderAttr {
   uint64_t mode;              // mode bits we can honour
   size_t tx_size;             // queue depths we ask for (0: provider default)
   size_t rx_size;
+  bool closing_write_acked;  // the DISCONNECT asks FI_DELIVERY_COMPLETE: a
+                             // plain completion means only that a local
+                             // socket took the bytes
 };
 
 // All rows; kProviderAttrCount of them.

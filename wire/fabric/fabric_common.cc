@@ -76,6 +76,7 @@ void TxRing::fail_all(int status) {
 gs_status_t FabricEndpointBase::init_base(const FabricDomainBase &domain) {
   length_in_data_ = domain.length_in_cq_data();
   inject_size_ = domain.inject_size();
+  delivery_acks_ = domain.attr().closing_write_acked;
   return ring_.init(domain.info()->tx_attr->size);
 }
 
@@ -93,6 +94,7 @@ gs_status_t FabricEndpointBase::post_write_to(fid_ep *ep, fi_addr_t dest, const 
   }
   if (ring_.full()) [[unlikely]]
     return -EAGAIN;
+  if (request.closes && delivery_acks_) return post_delivered_write(ep, dest, request);
   ssize_t ret;
   if (request.inline_data && request.length <= inject_size_) {
     if (request.has_imm) {
@@ -114,6 +116,34 @@ gs_status_t FabricEndpointBase::post_write_to(fid_ep *ep, fi_addr_t dest, const 
   } else {
     ret = fi_write(ep, request.local, request.length, desc, dest, request.remote_addr, request.rkey, slot);
   }
+  if (ret != 0) [[unlikely]] {
+    ring_.unpush();
+    return fi_status(ret);
+  }
+  return 0;
+}
+
+// FI_DELIVERY_COMPLETE: the provider completes the write once the peer's
+// provider acknowledged it. On a byte stream that acknowledgement covers every
+// write before it too, so tearing the endpoint down afterwards (which resets
+// the socket if the peer's credit updates sit unread in it, discarding what
+// the kernel had not sent yet) loses nothing.
+gs_status_t FabricEndpointBase::post_delivered_write(fid_ep *ep, fi_addr_t dest, const WriteRequest &request) {
+  TxRing::Slot *slot = ring_.push(request.token);
+  iovec iov{const_cast<void *>(request.local), request.length};
+  void *desc = request.region != nullptr ? request.region->desc : nullptr;
+  fi_rma_iov rma{request.remote_addr, request.length, request.rkey};
+  fi_msg_rma msg{};
+  msg.msg_iov = &iov;
+  msg.desc = &desc;
+  msg.iov_count = 1;
+  msg.addr = dest;
+  msg.rma_iov = &rma;
+  msg.rma_iov_count = 1;
+  msg.context = slot;
+  msg.data = request.has_imm ? make_cq_data(request.imm, request.length) : 0;
+  const uint64_t flags = FI_DELIVERY_COMPLETE | FI_COMPLETION | (request.has_imm ? FI_REMOTE_CQ_DATA : 0);
+  const ssize_t ret = fi_writemsg(ep, &msg, flags);
   if (ret != 0) [[unlikely]] {
     ring_.unpush();
     return fi_status(ret);

@@ -239,6 +239,7 @@ class FabricEndpointBase : public Endpoint {
   // that fit the inject size take no provider completion (a slot done at
   // once); others carry their ring slot as context.
   gs_status_t post_write_to(fid_ep *ep, fi_addr_t dest, const WriteRequest &request);
+  gs_status_t post_delivered_write(fid_ep *ep, fi_addr_t dest, const WriteRequest &request);
   // One fi_cq_read of at most min(max, kCqBatch) entries: writes carrying CQ
   // data become kRecvImm completions in `out` (*produced of them), our writes
   // are marked done in the ring, anything else goes to on_other(entry). An
@@ -251,6 +252,9 @@ class FabricEndpointBase : public Endpoint {
   State state_ = State::kIdle;
   bool length_in_data_ = false;
   uint32_t inject_size_ = 0;
+  // A closing write asks for FI_DELIVERY_COMPLETE: set where a completion
+  // otherwise means only that a local socket took the bytes (tcp).
+  bool delivery_acks_ = false;
 };
 
 template <class OnOther, class OnError>

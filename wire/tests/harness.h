@@ -416,6 +416,9 @@ class Pair {
       fail("endpoint %d: token %llu, expected %llu", i, static_cast<unsigned long long>(a.token),
            static_cast<unsigned long long>(me_tokens_[i]));
     me_tokens_[i] = a.token + 1;
+    // Only the DISCONNECT ends the stream (the transport is torn down after it).
+    if (a.closes != (a.write_kind == WriteKind::kControl && a.imm == 0xE0000000u))
+      fail("endpoint %d: %s write %s marked as the closing write", i, kind_name(a), a.closes ? "wrongly" : "not");
     switch (a.write_kind) {
       case WriteKind::kData: {
         const uint32_t prb = peer.s.rbuf_size(), half = prb / 2;
