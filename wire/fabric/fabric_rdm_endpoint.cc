@@ -71,6 +71,7 @@ RdmEndpoint::~RdmEndpoint() {
     }
     // A BYE (or REJECT) the peer has not made room for yet: give it a moment.
     for (int spin = 0; spin < 200 && ctrl_pending_ && !peer_dead(); ++spin) {
+      screen_name_exchange();
       if (ProviderCall call = provider_call()) (void)fi_cq_read(shared_->cq, nullptr, 0);
       flush_ctrl();
       if (ctrl_pending_) usleep(50);
@@ -100,6 +101,7 @@ void RdmEndpoint::fail_connect(int status, const char *reason) {
   state_ = State::kClosed;
   ctrl_pending_ = false;
   awaiting_admission_ = false;  // nothing sent: no admission held
+  name_exchange_.close();
   unwatch();
   // Kept while the listener may not have read our name exchange: the
   // endpoint is parked for it when it goes.
@@ -130,6 +132,7 @@ gs_status_t RdmEndpoint::connect(const sockaddr *addr, socklen_t len, const void
   shm::Rendezvous rv{};
   bool found = false;
   uid_t owner = 0;
+  errno = 0;
   for (const std::string &name : rendezvous_candidates(dst)) {
     if (shm::read_rendezvous(name, &rv, &owner) && !(ipv4_client(dst) && (rv.flags & shm::kRendezvousV6Only))) {
       listener_rendezvous_ = name;
@@ -138,7 +141,9 @@ gs_status_t RdmEndpoint::connect(const sockaddr *addr, socklen_t len, const void
     }
   }
   if (!found) {
-    fail_connect(-ECONNREFUSED);  // reported by poll_cm, like tcp's refusal
+    // Reported by poll_cm, like tcp's refusal; or the lookup's want of a descriptor.
+    const int why = errno == EMFILE || errno == ENFILE ? -errno : -ECONNREFUSED;
+    fail_connect(why, why == -ECONNREFUSED ? nullptr : "fabric:shm: no descriptor left to connect");
     return 0;
   }
   // shm makes our region readable by our user only: a listener of another
@@ -150,8 +155,12 @@ gs_status_t RdmEndpoint::connect(const sockaddr *addr, socklen_t len, const void
                  "fabric:shm: the listener runs as another user, which cannot map this process's memory");
     return 0;
   }
-  if (insert_peer(shared_, rv.name, rv.pid, domain_->ringer(), &listener_) < 0) {
-    fail_connect(-ECONNREFUSED);
+  if (const gs_status_t rc = insert_peer(shared_, rv.name, rv.pid, domain_->ringer(), &listener_); rc < 0) {
+    fail_connect(rc == -EMFILE || rc == -ENFILE || rc == -ENOMEM ? rc : -ECONNREFUSED);
+    return 0;
+  }
+  if (!name_exchange_.open(shared_->name) && (errno == EMFILE || errno == ENFILE)) {
+    fail_connect(-errno, "fabric:shm: no descriptor left to connect");
     return 0;
   }
   listener_name_ = rv.name;
@@ -235,10 +244,11 @@ void RdmEndpoint::handle_ctrl(const CtrlMsg &msg, size_t len) {
     case kAccept: {
       if (state_ != State::kConnecting) return;
       PeerRef server;
-      if (insert_peer(shared_, msg.name, msg.pid, domain_->ringer(), &server) < 0) {
-        fail_connect(-ECONNREFUSED);
+      if (const gs_status_t rc = insert_peer(shared_, msg.name, msg.pid, domain_->ringer(), &server); rc < 0) {
+        fail_connect(rc == -EMFILE || rc == -ENFILE || rc == -ENOMEM ? rc : -ECONNREFUSED);
         return;
       }
+      name_exchange_.close();
       peer_ = std::move(server);
       peer_name_ = msg.name;
       peer_pid_ = msg.pid;
@@ -268,7 +278,15 @@ void RdmEndpoint::handle_ctrl(const CtrlMsg &msg, size_t len) {
   }
 }
 
+void RdmEndpoint::screen_name_exchange() {
+  if (!name_exchange_.is_open()) return;
+  const auto screened = name_exchange_.screen(shm::NameExchangeGuard::Short::kDrop);
+  if (screened.short_ && state_ == State::kConnecting)
+    fail_connect(screened.why, "fabric:shm: no descriptor left to map the listener's endpoint");
+}
+
 int RdmEndpoint::process_cq(Completion *out, int max, int *produced) {
+  screen_name_exchange();
   ProviderCall call = provider_call();
   if (!call) {
     *produced = 0;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "wire/fabric/fabric_rdm.h"
+#include "wire/fabric/shm_name_exchange.h"
 
 #include <cstring>
 #include <deque>
@@ -115,6 +116,8 @@ class RdmEndpoint final : public FabricEndpointBase {
   void check_liveness();
   void peer_gone(bool dead_process);
   void fail_connect(int status, const char *reason = nullptr);  // reason: static text
+  // Before each read of the CQ while connecting (shm_name_exchange.h).
+  void screen_name_exchange();
   void try_admission();
   gs_status_t schedule_retry_ring();
 
@@ -137,7 +140,8 @@ class RdmEndpoint final : public FabricEndpointBase {
   // Watches replaced or dropped, alive until the endpoint goes: a provider
   // call in progress may still hold one (ProviderCall). A few per endpoint.
   std::vector<std::shared_ptr<PeerWatch>> retired_watches_;
-  PidWatch fallback_watch_;  // when the watchdog is unavailable
+  PidWatch fallback_watch_;               // when the watchdog is unavailable
+  shm::NameExchangeGuard name_exchange_;  // open while connecting
   std::string peer_name_;
   pid_t peer_pid_ = 0;
   // Passive side, until established: the listener the request came through,

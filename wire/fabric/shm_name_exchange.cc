@@ -61,17 +61,23 @@ Openable try_open(const char *name, int *why) {
 
 }  // namespace
 
-NameExchangeGuard::~NameExchangeGuard() {
+NameExchangeGuard::~NameExchangeGuard() { close(); }
+
+void NameExchangeGuard::close() {
   if (base_ != nullptr) munmap(base_, size_);
+  base_ = nullptr;
 }
 
 bool NameExchangeGuard::open(const std::string &name) {
+  close();
   ShmRegionHead head{};
+  errno = 0;
   void *base = map_region(name, &head);
   if (base == nullptr) return false;
   if (head.cmd_queue_offset + sizeof(ShmCirqueHead) > head.total_size ||
       head.inject_pool_offset + sizeof(Freestack) > head.total_size) {
     munmap(base, head.total_size);
+    errno = 0;
     return false;
   }
   base_ = base;
@@ -82,7 +88,7 @@ bool NameExchangeGuard::open(const std::string &name) {
   return true;
 }
 
-NameExchangeGuard::Screened NameExchangeGuard::screen() {
+NameExchangeGuard::Screened NameExchangeGuard::screen(Short when_short) {
   Screened out;
   if (base_ == nullptr) return out;
   char *base = static_cast<char *>(base_);
@@ -105,8 +111,11 @@ NameExchangeGuard::Screened NameExchangeGuard::screen() {
     const char *name = base + cmd->src_data;
     if (cmd->size == 0 || cmd->size > kNameMax || name[cmd->size - 1] != '\0') continue;
     const Openable open = try_open(name, &out.why);
-    if (open == Openable::kNotNow) out.held = true;
-    if (open != Openable::kNever) continue;
+    if (open == Openable::kNotNow) {
+      out.short_ = true;
+      out.held = when_short == Short::kHold;
+    }
+    if (open == Openable::kYes || (open == Openable::kNotNow && when_short == Short::kHold)) continue;
     cmd->op = kOpDiscarded;
     const auto index = static_cast<int16_t>(at / pool->object_size);  // smr_freestack_push
     next[index] = pool->top;

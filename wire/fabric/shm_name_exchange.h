@@ -15,6 +15,11 @@
 // kernel keeps a connection in the backlog of a server out of descriptors:
 // the client is taken once descriptors are free.
 //
+// A connecting client's endpoint gets one name exchange, from the listener's
+// new endpoint ahead of its ACCEPT. It screens too, while it connects, and
+// drops an exchange it cannot open for want of a descriptor as well: that
+// connect fails with EMFILE (or ENFILE) instead of the process crashing.
+//
 // Needs shm's region layout (shm_region.h): a region whose head does not
 // check out is left alone.
 #pragma once
@@ -31,15 +36,22 @@ class NameExchangeGuard {
   NameExchangeGuard &operator=(const NameExchangeGuard &) = delete;
   ~NameExchangeGuard();
 
-  // Our own endpoint's region `name`. False: no guard (another layout).
+  // Our own endpoint's region `name`. False: no guard (errno set by the open,
+  // or 0 for another layout).
   bool open(const std::string &name);
+  bool is_open() const { return base_ != nullptr; }
+  void close();
+  // What to do with a name exchange that cannot be opened for want of a
+  // descriptor: keep it queued (a listener) or drop it too (a client).
+  enum class Short : bool { kHold, kDrop };
   // Before a progress pass of that endpoint (its owner only).
   struct Screened {
-    int dropped = 0;    // name exchanges turned into no-ops
-    bool held = false;  // one waits for a descriptor: no progress pass now
-    int why = 0;        // then -EMFILE or -ENFILE
+    int dropped = 0;      // name exchanges turned into no-ops
+    bool held = false;    // one waits for a descriptor: no progress pass now
+    bool short_ = false;  // one could not be opened for want of a descriptor
+    int why = 0;          // then -EMFILE or -ENFILE
   };
-  Screened screen();
+  Screened screen(Short when_short = Short::kHold);
 
  private:
   void *base_ = nullptr;

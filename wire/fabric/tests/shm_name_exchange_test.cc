@@ -188,6 +188,41 @@ TEST(ShmNameExchange, ListenerOutOfDescriptorsKeepsTheClientWaitingAndServesItLa
   });
 }
 
+// A client out of descriptors when the listener's new endpoint answers: the
+// name exchange ahead of its ACCEPT names a region the client cannot open
+// now. The connect fails with EMFILE (shm alone: SIGSEGV in fi_cq_read), and
+// once descriptors are free the next client is served.
+TEST(ShmNameExchange, ClientOutOfDescriptorsFailsItsConnectWithEmfile) {
+  ShmListener shm_listener;
+  ASSERT_NO_FATAL_FAILURE(shm_listener.open());
+  const uint8_t record[40] = {1};
+  std::unique_ptr<Endpoint> client, server;
+  std::unique_ptr<ConnectionRequest> request;
+  ASSERT_EQ(shm_listener.domain->create_endpoint(nullptr, &client), 0);
+  ASSERT_EQ(client->connect(reinterpret_cast<sockaddr *>(&shm_listener.addr), sizeof shm_listener.addr, record,
+                            sizeof record),
+            0);
+  ASSERT_TRUE(test::wait_until(
+      [&] {
+        CmEvent early;
+        if (client->poll_cm(&early) == 1) ADD_FAILURE() << "client event " << int(early.kind) << " " << early.status;
+        return shm_listener.listener->get_request(&request) == 1;
+      },
+      kWaitMs));
+  ASSERT_EQ(shm_listener.domain->create_endpoint(request.get(), &server), 0);
+  ASSERT_EQ(shm_listener.domain->accept(server.get(), request.get(), record, sizeof record), 0);
+  CmEvent event;
+  {
+    DescriptorsTaken out;
+    ASSERT_NO_FATAL_FAILURE(out.take_all());
+    ASSERT_TRUE(test::wait_until([&] { return client->poll_cm(&event) == 1; }, kWaitMs));
+  }
+  EXPECT_EQ(event.kind, CmEventKind::kRejected);
+  EXPECT_EQ(event.status, -EMFILE);
+  client.reset();
+  ASSERT_NO_FATAL_FAILURE(shm_listener.serve_one_client());
+}
+
 // Clients of another process that give up after their name exchange went
 // and before their REQ did, in rounds of 64 (what a domain keeps parked),
 // 256 in all, more than the listener admits at once. Each is parked until
