@@ -11,6 +11,13 @@
  *                    then accepts and echoes N
  *   clients PORT N   N non-blocking connects at once, then on each: "ping"
  *                    out, "ping" back
+ *   echo PORT        a poll echo server for `connects`, until killed
+ *   connects PORT N  N connections, then one connect with each count of
+ *                    free descriptors from none to a few: each succeeds or
+ *                    fails with EMFILE, nothing else (under the shim a
+ *                    connection needs descriptors at several steps); then
+ *                    every connection made echoes its own bytes, and a new
+ *                    one does too
  *
  * Every check prints "ok: ..." or "FAIL: ..."; the exit status is the number
  * of failures. */
@@ -39,6 +46,12 @@
 #define EARLY_ACCEPTS 0
 #else
 #define EARLY_ACCEPTS 4
+#endif
+/* The fewest descriptors left free for a connect (see above). */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define FIRST_FREE 2
+#else
+#define FIRST_FREE 0
 #endif
 
 /* The highest descriptor number open in this process. */
@@ -179,12 +192,98 @@ static int clients(int port, int n) {
   return failures;
 }
 
+static int echo_server(int port) {
+  int l = tcp_listen(port, 0);
+  CHECK(l >= 0, "listening on %d", port);
+  if (l < 0) return failures;
+  printf("listening\n");
+  fflush(stdout);
+  struct pollfd p[MAX_CONNS * 2];
+  nfds_t n = 1;
+  p[0] = (struct pollfd){l, POLLIN, 0};
+  for (;;) {
+    if (poll(p, n, -1) < 0 && errno != EINTR) return failures + 1;
+    for (nfds_t i = n; i-- > 1;) {
+      if (!p[i].revents) continue;
+      char buf[512];
+      ssize_t got = read(p[i].fd, buf, sizeof buf);
+      if (got > 0 && write_all(p[i].fd, buf, (size_t)got) == 0) continue;
+      close(p[i].fd); /* EOF, or a connection its client gave up */
+      p[i] = p[--n];
+    }
+    if (p[0].revents) {
+      int c = accept(l, NULL, NULL);
+      if (c >= 0 && n < MAX_CONNS * 2) p[n++] = (struct pollfd){c, POLLIN, 0};
+      else if (c >= 0) close(c);
+    }
+  }
+}
+
+/* Leaves exactly `free_n` descriptor numbers free below a lowered limit;
+ * returns how many fillers were opened (to be given to let_go). */
+static int hold_all_but(int free_n, int *fillers, int max, struct rlimit *saved) {
+  getrlimit(RLIMIT_NOFILE, saved);
+  struct rlimit low = *saved;
+  low.rlim_cur = (rlim_t)highest_fd() + 1 + (rlim_t)free_n;
+  if (setrlimit(RLIMIT_NOFILE, &low) != 0) return -1;
+  int n = 0;
+  while (n < max && (fillers[n] = open("/dev/null", O_RDONLY)) >= 0) ++n;
+  for (int k = 0; k < free_n && n > 0; ++k) close(fillers[--n]);
+  return n;
+}
+
+static void let_go(int *fillers, int n, const struct rlimit *saved) {
+  for (int i = 0; i < n; ++i) close(fillers[i]);
+  setrlimit(RLIMIT_NOFILE, saved);
+}
+
+static int echoes(int fd, int id) {
+  char out[64], in[64];
+  for (size_t i = 0; i < sizeof out; ++i) out[i] = (char)(id * 31 + (int)i);
+  return write_all(fd, out, sizeof out) == 0 && read_all(fd, in, sizeof in) == 0 && !memcmp(in, out, sizeof in);
+}
+
+static int connects(int port, int n) {
+  int fds[MAX_CONNS], count = 0;
+  for (int i = 0; i < n; ++i) {
+    const int fd = tcp_connect(port, 0);
+    CHECK(fd >= 0, "connection %d", i);
+    if (fd >= 0) fds[count++] = fd;
+  }
+  for (int free_n = FIRST_FREE; free_n <= FIRST_FREE + 8; ++free_n) {
+    static int fillers[4096];
+    struct rlimit saved;
+    const int held = hold_all_but(free_n, fillers, 4096, &saved);
+    errno = 0;
+    const int fd = held < 0 ? -1 : tcp_connect(port, 0);
+    const int err = errno;
+    let_go(fillers, held < 0 ? 0 : held, &saved);
+    if (fd >= 0) {
+      printf("with %d descriptors free: connected\n", free_n);
+      fds[count++] = fd;
+    } else {
+      CHECK(err == EMFILE || err == ENFILE, "with %d descriptors free, connect succeeds or says EMFILE (%s)", free_n,
+            strerror(err));
+    }
+  }
+  int echoed = 0;
+  for (int i = 0; i < count; ++i) echoed += echoes(fds[i], i);
+  CHECK(echoed == count, "every connection made echoes its own bytes (%d of %d)", echoed, count);
+  const int fd = tcp_connect(port, 0);
+  CHECK(fd >= 0 && echoes(fd, 99), "a new connection afterwards echoes");
+  if (fd >= 0) close(fd);
+  for (int i = 0; i < count; ++i) close(fds[i]);
+  return failures;
+}
+
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   if (argc == 4 && atoi(argv[3]) > 0 && atoi(argv[3]) <= MAX_CONNS) {
     if (!strcmp(argv[1], "server")) return server(atoi(argv[2]), atoi(argv[3]));
     if (!strcmp(argv[1], "clients")) return clients(atoi(argv[2]), atoi(argv[3]));
+    if (!strcmp(argv[1], "connects")) return connects(atoi(argv[2]), atoi(argv[3]));
   }
+  if (argc == 3 && !strcmp(argv[1], "echo")) return echo_server(atoi(argv[2]));
   fprintf(stderr, "usage: see the top of emfile_probe.c\n");
   return 2;
 }
