@@ -190,6 +190,10 @@ static int clients(int port, int conns, size_t bytes) {
   CHECK(read(warm, &c, 1) == 0, "clients: warm-up connection ended by the server");
   close(warm);
   usleep(300000);
+  /* The epoll set first, as load generators make theirs: with the
+   * connections made until the descriptor limit, none would be left for it. */
+  int ep = epoll_create1(EPOLL_CLOEXEC);
+  CHECK(ep >= 0, "clients: epoll set");
   const int baseline = open_fds();
   print_mem("clients-base");
   int opened = 0;
@@ -205,7 +209,6 @@ static int clients(int port, int conns, size_t bytes) {
   CHECK(opened == conns, "clients: %d of %d connections open", opened, conns);
   printf("fds: clients-open %d\n", open_fds() - baseline);
   print_mem("clients-open");
-  int ep = epoll_create1(EPOLL_CLOEXEC);
   for (int i = 0; i < opened; ++i) {
     struct epoll_event ev = {.events = EPOLLIN | EPOLLOUT, .data.u32 = (uint32_t)i};
     epoll_ctl(ep, EPOLL_CTL_ADD, cs[i].fd, &ev);
@@ -255,8 +258,8 @@ static int clients(int port, int conns, size_t bytes) {
   CHECK(short_ones == 0 && bad == 0, "clients: %d connections x %zu bytes echoed intact (%zu bytes, %d short, %d bad)",
         opened, bytes, total, short_ones, bad);
   for (int i = 0; i < opened; ++i) close(cs[i].fd);
-  close(ep);
   check_back_to(baseline, "clients");
+  close(ep);
   free(cs);
   return failures;
 }
