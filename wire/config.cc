@@ -67,6 +67,8 @@ constexpr Setting kTable[] = {
    "ask libfabric for device memory (FI_HMEM; costs shm its inject path)"},
   {"GPUSOCK_SHM_STUCK_LOCK_MS", Type::kInt, 10000, 100, 3600000, nullptr, nullptr, "fabric",
    "a fabric:shm listener's region lock held this long with no command moving is taken for a killed client's, and released, ms"},
+  {"GPUSOCK_SHM_QUEUE", Type::kInt, 128, 16, 1024, nullptr, nullptr, "fabric",
+   "entries in each fabric:shm endpoint's transmit and receive queues (libfabric's memory per endpoint grows with them)"},
   {"GPUSOCK_VERBS_DEVICE", Type::kText, 0, 0, 0, "", nullptr, "verbs",
    "the RDMA device verbs uses (default: the first)"},
   {"GPUSOCK_PROXY_THREADS", Type::kInt, 1, 1, 64, nullptr, nullptr, "proxy",

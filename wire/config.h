@@ -41,6 +41,7 @@ enum class Id : int {
   // transports
   kFabricHmem,
   kShmStuckLockMs,
+  kShmQueueEntries,
   kVerbsDevice,
   // the GPU side
   kProxyThreads,

@@ -4,6 +4,8 @@
 // names itself.
 #pragma once
 
+#include "wire/config.h"
+
 #include <rdma/fabric.h>
 
 #include <cstddef>
@@ -23,8 +25,9 @@ struct ProviderAttr {
   uint32_t max_private_data;  // bytes connect/accept can carry (we cap at 64)
   uint64_t mr_mode;           // mr_mode bits we offer in the hints
   uint64_t mode;              // mode bits we can honour
-  size_t tx_size;             // queue depths we ask for (0: provider default)
-  size_t rx_size;
+  // The setting that sizes the transmit and receive queues we ask for
+  // (config::Id::kCount: the provider's defaults).
+  config::Id queue_entries;
   bool closing_write_acked;  // the DISCONNECT asks FI_DELIVERY_COMPLETE: a
                              // plain completion means only that a local
                              // socket took the bytes

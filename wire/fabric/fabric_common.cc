@@ -168,8 +168,11 @@ gs_status_t FabricDomainBase::open_base(std::string *error) {
   hints->domain_attr->mr_mode = static_cast<int>(attr_.mr_mode | (want_hmem ? FI_MR_HMEM : 0));
   hints->domain_attr->threading = FI_THREAD_SAFE;
   hints->fabric_attr->prov_name = strdup(attr_.prov_name);
-  if (attr_.tx_size != 0) hints->tx_attr->size = attr_.tx_size;
-  if (attr_.rx_size != 0) hints->rx_attr->size = attr_.rx_size;
+  if (attr_.queue_entries != config::Id::kCount) {
+    const auto entries = static_cast<size_t>(config::get(attr_.queue_entries));
+    hints->tx_attr->size = entries;
+    hints->rx_attr->size = entries;
+  }
 
   fi_info *list = nullptr;
   int ret = fi_getinfo(FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION), nullptr, nullptr, 0, hints.get(), &list);
