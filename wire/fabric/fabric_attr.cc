@@ -50,14 +50,15 @@ const ProviderAttr kProviderAttrs[] = {
         // FI_RX_CQ_DATA is not offered for RDM: our handshake messages share the
         // receive queue, and zero-length receives would swallow them.
         .mode = 0,
-        // GPUSOCK_SHM_QUEUE (128; shm's own default is 1024). The sizes
-        // decide shm's free stacks of each endpoint and its completion queue
-        // (its private memory, ~1.5 MiB an endpoint at 1024) and how many
-        // commands may wait at the peer: a write with immediate takes 2 of
-        // the peer's command slots, and a connection has a few writes in
-        // flight. shm rounds its region up to a power of two and zero-fills
-        // (strncpy) from the name to the end; those pages are given back
-        // (shm::release_region_tail), so /dev/shm barely depends on them.
+        // GPUSOCK_SHM_QUEUE (1024, shm's own default). The sizes decide
+        // shm's free stacks of each endpoint and its completion queue (its
+        // private memory, ~1.5 KiB an entry) and how many commands may wait
+        // at the peer: a write with immediate takes 2 of the peer's command
+        // slots, and the peer's credits allow GPUSOCK_RQSIZE (384) data
+        // writes in flight. shm rounds its region up to a power of two and
+        // zero-fills (strncpy) from the name to the end; those pages are
+        // given back (shm::release_region_tail), so /dev/shm barely depends
+        // on them.
         .queue_entries = config::Id::kShmQueueEntries,
         // A completion of a write with immediate means the target's progress
         // pulled the bytes into its memory.

@@ -144,7 +144,9 @@ class FabricDomainBase : public Domain {
   uint32_t inject_size() const { return inject_size_; }
   // A CQ for one endpoint: data format, room for both of its queues, and
   // `wait_obj` (FI_WAIT_FD: an fd to sleep on; FI_WAIT_NONE).
-  gs_status_t open_endpoint_cq(fid_cq **out, fi_wait_obj wait_obj) const;
+  // Room for every completion of an endpoint opened with `info` (the
+  // domain's when null).
+  gs_status_t open_endpoint_cq(fid_cq **out, fi_wait_obj wait_obj, const fi_info *info = nullptr) const;
 
  protected:
   explicit FabricDomainBase(const ProviderAttr &attr) : attr_(attr) {}

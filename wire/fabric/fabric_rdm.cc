@@ -147,7 +147,7 @@ gs_status_t RdmDomain::open(std::string *error) {
   return 0;
 }
 
-gs_status_t RdmDomain::open_shared(std::shared_ptr<RdmShared> *out) {
+gs_status_t RdmDomain::open_shared(std::shared_ptr<RdmShared> *out, bool for_listener) {
   close_settled_parked();
   auto shared = std::make_shared<RdmShared>();
   shared->name = shm::new_endpoint_name(nullptr);
@@ -155,7 +155,15 @@ gs_status_t RdmDomain::open_shared(std::shared_ptr<RdmShared> *out) {
     set_error_detail(std::string("fabric:shm: ") + call + " of endpoint " + shared->name + ": " + fi_error_text(ret));
     return fi_status(ret);
   };
-  int ret = fi_endpoint(domain_, info_.get(), &shared->ep, nullptr);
+  InfoPtr listener_info;
+  if (for_listener) {
+    listener_info.reset(fi_dupinfo(info_.get()));
+    if (!listener_info) return -ENOMEM;
+    listener_info->tx_attr->size = kListenerQueueEntries;
+    listener_info->rx_attr->size = kListenerQueueEntries;
+  }
+  const fi_info *info = for_listener ? listener_info.get() : info_.get();
+  int ret = fi_endpoint(domain_, const_cast<fi_info *>(info), &shared->ep, nullptr);
   if (ret != 0) return failed("fi_endpoint", ret);
   ret = fi_setname(&shared->ep->fid, const_cast<char *>(shared->name.c_str()), shared->name.size() + 1);
   if (ret != 0) return failed("fi_setname", ret);
@@ -164,7 +172,7 @@ gs_status_t RdmDomain::open_shared(std::shared_ptr<RdmShared> *out) {
   av_attr.count = 4;
   ret = fi_av_open(domain_, &av_attr, &shared->av, nullptr);
   if (ret != 0) return failed("fi_av_open", ret);
-  ret = open_endpoint_cq(&shared->cq, FI_WAIT_NONE);  // shm's wait objects wake nobody in another process
+  ret = open_endpoint_cq(&shared->cq, FI_WAIT_NONE, info);  // shm's wait objects wake nobody in another process
   if (ret < 0) return failed("fi_cq_open", ret);
   ret = fi_ep_bind(shared->ep, &shared->av->fid, 0);
   if (ret == 0) ret = fi_ep_bind(shared->ep, &shared->cq->fid, FI_TRANSMIT | FI_RECV);

@@ -34,6 +34,9 @@ constexpr int kListenerCtrlBufs = 32;
 // table of 256 peers per endpoint, less room for clients that went away
 // between their name exchange and their REQ (their entries stay).
 constexpr uint32_t kListenerAdmissions = 192;
+// A listener endpoint's queues: shm 1.17's largest (and default), room for
+// the name exchange and the REQ of every client admitted at once, and more.
+constexpr size_t kListenerQueueEntries = 1024;
 constexpr uint64_t kLivenessIntervalMs = 10;
 
 // kProbe is ignored by every receiver (fabric_rdm_parking.cc sends it).
@@ -160,7 +163,10 @@ class RdmDomain final : public FabricDomainBase {
                      std::unique_ptr<Listener> *out) override;
 
   // A named, enabled RDM endpoint with its own CQ and AV, and its bell.
-  gs_status_t open_shared(std::shared_ptr<RdmShared> *out);
+  // A connection's endpoint, or a listener's (for_listener: shm's full
+  // queues, whatever GPUSOCK_SHM_QUEUE says: a storm of clients' name
+  // exchanges and requests waits in them).
+  gs_status_t open_shared(std::shared_ptr<RdmShared> *out, bool for_listener = false);
 
   shm::ShmWatchdog &watchdog() { return watchdog_; }
   // The socket every endpoint of the domain rings peers' bells from.

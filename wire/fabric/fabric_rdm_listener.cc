@@ -342,7 +342,7 @@ gs_status_t RdmDomain::listen(const sockaddr *addr, socklen_t len, int /*backlog
   }
   core->bound = bound;
 
-  gs_status_t ret = open_shared(&core->shared);
+  gs_status_t ret = open_shared(&core->shared, /*for_listener=*/true);
   if (ret < 0) return ret;
   core->stuck_watch = watchdog_.watch_stuck(core->shared->name);
   if (core->shared->bell.valid()) core->shared->bell.open_admissions(kListenerAdmissions);
