@@ -80,6 +80,25 @@ static int read_all(int fd, char *buf, size_t n) {
   return 0;
 }
 
+/* Leaves exactly `free_n` descriptor numbers free below a lowered limit;
+ * returns how many fillers were opened (to be given to let_go). */
+static int hold_all_but(int free_n, int *fillers, int max, struct rlimit *saved) {
+  getrlimit(RLIMIT_NOFILE, saved);
+  struct rlimit low = *saved;
+  low.rlim_cur = (rlim_t)highest_fd() + 1 + (rlim_t)free_n;
+  if (setrlimit(RLIMIT_NOFILE, &low) != 0) return -1;
+  int n = 0;
+  while (n < max && (fillers[n] = open("/dev/null", O_RDONLY)) >= 0) ++n;
+  for (int k = 0; k < free_n && n > 0; ++k) close(fillers[--n]);
+  return n;
+}
+
+/* Closes the fillers and restores the limit: 0, or -1 with errno. */
+static int let_go(int *fillers, int n, const struct rlimit *saved) {
+  for (int i = 0; i < n; ++i) close(fillers[i]);
+  return setrlimit(RLIMIT_NOFILE, saved);
+}
+
 static int server(int port, int n) {
   int l = tcp_listen(port, 0);
   CHECK(l >= 0, "listening on %d", port);
@@ -93,12 +112,10 @@ static int server(int port, int n) {
   /* No descriptor left: a limit just above the highest open number, and
    * every free number below it taken. */
   struct rlimit saved;
-  getrlimit(RLIMIT_NOFILE, &saved);
-  struct rlimit low = saved;
-  low.rlim_cur = (rlim_t)highest_fd() + 1;
-  CHECK(setrlimit(RLIMIT_NOFILE, &low) == 0, "descriptor limit lowered to %lu", (unsigned long)low.rlim_cur);
-  int hogs[4096], nhogs = 0;
-  while (nhogs < 4096 && (hogs[nhogs] = open("/dev/null", O_RDONLY)) >= 0) ++nhogs;
+  int hogs[4096];
+  int nhogs = hold_all_but(0, hogs, 4096, &saved);
+  CHECK(nhogs >= 0, "descriptor limit lowered to the highest open number + 1");
+  if (nhogs < 0) nhogs = 0;
 
   pl.revents = 0;
   CHECK(poll(&pl, 1, 10000) == 1 && (pl.revents & POLLIN), "still readable without a descriptor to accept into");
@@ -122,8 +139,7 @@ static int server(int port, int n) {
             strerror(errno));
   }
 
-  for (int i = 0; i < nhogs; ++i) close(hogs[i]);
-  CHECK(setrlimit(RLIMIT_NOFILE, &saved) == 0, "descriptor limit restored");
+  CHECK(let_go(hogs, nhogs, &saved) == 0, "descriptor limit restored");
   int served = 0;
   for (int i = 0; i < n; ++i) {
     c = i < nearly ? early[i] : accept(l, NULL, NULL);
@@ -221,24 +237,6 @@ static int echo_server(int port) {
   }
 }
 
-/* Leaves exactly `free_n` descriptor numbers free below a lowered limit;
- * returns how many fillers were opened (to be given to let_go). */
-static int hold_all_but(int free_n, int *fillers, int max, struct rlimit *saved) {
-  getrlimit(RLIMIT_NOFILE, saved);
-  struct rlimit low = *saved;
-  low.rlim_cur = (rlim_t)highest_fd() + 1 + (rlim_t)free_n;
-  if (setrlimit(RLIMIT_NOFILE, &low) != 0) return -1;
-  int n = 0;
-  while (n < max && (fillers[n] = open("/dev/null", O_RDONLY)) >= 0) ++n;
-  for (int k = 0; k < free_n && n > 0; ++k) close(fillers[--n]);
-  return n;
-}
-
-static void let_go(int *fillers, int n, const struct rlimit *saved) {
-  for (int i = 0; i < n; ++i) close(fillers[i]);
-  setrlimit(RLIMIT_NOFILE, saved);
-}
-
 static int echoes(int fd, int id) {
   char out[64], in[64];
   for (size_t i = 0; i < sizeof out; ++i) out[i] = (char)(id * 31 + (int)i);
@@ -259,7 +257,7 @@ static int connects(int port, int n) {
     errno = 0;
     const int fd = held < 0 ? -1 : tcp_connect(port, 0);
     const int err = errno;
-    let_go(fillers, held < 0 ? 0 : held, &saved);
+    (void)let_go(fillers, held < 0 ? 0 : held, &saved);
     if (fd >= 0) {
       printf("with %d descriptors free: connected\n", free_n);
       fds[count++] = fd;

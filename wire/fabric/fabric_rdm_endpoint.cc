@@ -10,6 +10,16 @@
 
 namespace gpusock::wire::fabric::rdm {
 
+namespace {
+
+// A connect that fails for want of a resource says which; any other failure
+// to reach the listener reads as a refusal, as tcp's does.
+int connect_error(int status) {
+  return status == -EMFILE || status == -ENFILE || status == -ENOMEM ? status : -ECONNREFUSED;
+}
+
+}  // namespace
+
 gs_status_t RdmEndpoint::init() {
   gs_status_t ret = init_base(*domain_);
   if (ret < 0) return ret;
@@ -156,7 +166,7 @@ gs_status_t RdmEndpoint::connect(const sockaddr *addr, socklen_t len, const void
     return 0;
   }
   if (const gs_status_t rc = insert_peer(shared_, rv.name, rv.pid, domain_->ringer(), &listener_); rc < 0) {
-    fail_connect(rc == -EMFILE || rc == -ENFILE || rc == -ENOMEM ? rc : -ECONNREFUSED);
+    fail_connect(connect_error(rc));
     return 0;
   }
   if (!name_exchange_.open(shared_->name) && (errno == EMFILE || errno == ENFILE)) {
@@ -245,7 +255,7 @@ void RdmEndpoint::handle_ctrl(const CtrlMsg &msg, size_t len) {
       if (state_ != State::kConnecting) return;
       PeerRef server;
       if (const gs_status_t rc = insert_peer(shared_, msg.name, msg.pid, domain_->ringer(), &server); rc < 0) {
-        fail_connect(rc == -EMFILE || rc == -ENFILE || rc == -ENOMEM ? rc : -ECONNREFUSED);
+        fail_connect(connect_error(rc));
         return;
       }
       name_exchange_.close();
@@ -281,7 +291,7 @@ void RdmEndpoint::handle_ctrl(const CtrlMsg &msg, size_t len) {
 void RdmEndpoint::screen_name_exchange() {
   if (!name_exchange_.is_open()) return;
   const auto screened = name_exchange_.screen(shm::NameExchangeGuard::Short::kDrop);
-  if (screened.short_ && state_ == State::kConnecting)
+  if (screened.out_of_descriptors && state_ == State::kConnecting)
     fail_connect(screened.why, "fabric:shm: no descriptor left to map the listener's endpoint");
 }
 

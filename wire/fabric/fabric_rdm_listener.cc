@@ -160,8 +160,8 @@ void RdmListenerCore::forget_parked_client_locked(const CtrlMsg &probe) {
 bool RdmListenerCore::screen_name_exchanges_locked() {
   const shm::NameExchangeGuard::Screened s = name_exchanges.screen();
   shared->bell.release_admissions(static_cast<uint32_t>(s.dropped));
-  short_of.store(s.held ? s.why : 0, std::memory_order_relaxed);
-  return !s.held;
+  short_of.store(s.out_of_descriptors ? s.why : 0, std::memory_order_relaxed);
+  return !s.out_of_descriptors;
 }
 
 void RdmListenerCore::flush_pending_locked() {

@@ -111,10 +111,7 @@ NameExchangeGuard::Screened NameExchangeGuard::screen(Short when_short) {
     const char *name = base + cmd->src_data;
     if (cmd->size == 0 || cmd->size > kNameMax || name[cmd->size - 1] != '\0') continue;
     const Openable open = try_open(name, &out.why);
-    if (open == Openable::kNotNow) {
-      out.short_ = true;
-      out.held = when_short == Short::kHold;
-    }
+    if (open == Openable::kNotNow) out.out_of_descriptors = true;
     if (open == Openable::kYes || (open == Openable::kNotNow && when_short == Short::kHold)) continue;
     cmd->op = kOpDiscarded;
     const auto index = static_cast<int16_t>(at / pool->object_size);  // smr_freestack_push

@@ -46,10 +46,11 @@ class NameExchangeGuard {
   enum class Short : bool { kHold, kDrop };
   // Before a progress pass of that endpoint (its owner only).
   struct Screened {
-    int dropped = 0;      // name exchanges turned into no-ops
-    bool held = false;    // one waits for a descriptor: no progress pass now
-    bool short_ = false;  // one could not be opened for want of a descriptor
-    int why = 0;          // then -EMFILE or -ENFILE
+    int dropped = 0;  // name exchanges turned into no-ops
+    // One could not be opened for want of a descriptor: held, it waits, and
+    // no progress pass may run now; dropped, the endpoint's connect fails.
+    bool out_of_descriptors = false;
+    int why = 0;  // then -EMFILE or -ENFILE
   };
   Screened screen(Short when_short = Short::kHold);
 
