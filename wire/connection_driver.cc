@@ -40,6 +40,15 @@ gs_status_t lost_status(gs_status_t status, bool established) {
   return established && status == -ENOTCONN ? -ECONNRESET : status;
 }
 
+// The credits a connection grants: its configured rq_size, less where the
+// endpoint cannot hold that many inbound messages beside the control
+// messages the peer may also have in flight (a peer write into a full shm
+// command queue gets EAGAIN and is retried: busy work at every count).
+uint16_t credits_that_fit(uint16_t rq_size, uint32_t inbound_capacity) {
+  if (inbound_capacity >= uint32_t{rq_size} + kQpCtrlSize) return rq_size;
+  return static_cast<uint16_t>(std::max<uint32_t>(inbound_capacity, kQpMinSize + kQpCtrlSize) - kQpCtrlSize);
+}
+
 }  // namespace
 
 gs_status_t ConnectionDriver::setup(ConnectionRequest *request, const DriverConfig &config) {
@@ -76,7 +85,7 @@ gs_status_t ConnectionDriver::setup(ConnectionRequest *request, const DriverConf
   stream.rbuf_size = rbuf_size;
   stream.sbuf_size = sbuf_size;
   stream.sq_size = config.sq_size;
-  stream.rq_size = config.rq_size;
+  stream.rq_size = credits_that_fit(config.rq_size, endpoint_->inbound_capacity());
   stream.inline_size = std::min(config.inline_size, endpoint_->max_inline());
   stream.msg_send = !domain_->caps().write_with_imm;  // iWARP: write + 4-byte send (§2.11)
   stream.posts_receives = domain_->caps().needs_recv_posts;

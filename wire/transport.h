@@ -106,6 +106,11 @@ class Endpoint {
   virtual void disconnect() = 0;
   // Largest write the transport posts inline (0 if none).
   virtual uint32_t max_inline() const = 0;
+  // Messages from the peer the endpoint can hold before it takes them (shm:
+  // the command queue in its region, which a peer's write finding full gets
+  // EAGAIN from): the credits it grants and the control messages beside them
+  // must fit. Unbounded where the transport queues for itself.
+  virtual uint32_t inbound_capacity() const { return UINT32_MAX; }
   virtual gs_status_t local_address(sockaddr_storage *out, socklen_t *len) const = 0;
   virtual gs_status_t peer_address(sockaddr_storage *out, socklen_t *len) const = 0;
 

@@ -76,6 +76,7 @@ void TxRing::fail_all(int status) {
 gs_status_t FabricEndpointBase::init_base(const FabricDomainBase &domain) {
   length_in_data_ = domain.length_in_cq_data();
   inject_size_ = domain.inject_size();
+  inbound_capacity_ = domain.inbound_capacity();
   delivery_acks_ = domain.attr().closing_write_acked;
   return ring_.init(domain.info()->tx_attr->size);
 }
@@ -223,6 +224,9 @@ gs_status_t FabricDomainBase::open_base(std::string *error) {
   rx_cq_data_ = (info_->mode & FI_RX_CQ_DATA) != 0;
   length_in_cq_data_ = info_->domain_attr->cq_data_size >= 8;
   inject_size_ = static_cast<uint32_t>(std::min<size_t>(info_->tx_attr->inject_size, UINT32_MAX));
+  if (attr_.queue_entries != config::Id::kCount) {
+    inbound_capacity_ = static_cast<uint32_t>(std::min<size_t>(info_->rx_attr->size, UINT32_MAX));
+  }
   caps_.name = attr_.spec;
   caps_.device_memory = want_hmem && (info_->caps & FI_HMEM) != 0;
   caps_.needs_recv_posts = rx_cq_data_ || attr_.imm_consumes_recv;

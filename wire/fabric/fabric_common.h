@@ -142,6 +142,9 @@ class FabricDomainBase : public Domain {
   bool length_in_cq_data() const { return length_in_cq_data_; }
   bool rx_cq_data() const { return rx_cq_data_; }
   uint32_t inject_size() const { return inject_size_; }
+  // Endpoint::inbound_capacity of this domain's endpoints: the receive queue
+  // where the provider row sizes it (shm), unbounded elsewhere.
+  uint32_t inbound_capacity() const { return inbound_capacity_; }
   // A CQ for one endpoint: data format, room for both of its queues, and
   // `wait_obj` (FI_WAIT_FD: an fd to sleep on; FI_WAIT_NONE).
   // Room for every completion of an endpoint opened with `info` (the
@@ -161,6 +164,7 @@ class FabricDomainBase : public Domain {
   bool length_in_cq_data_ = false;
   bool rx_cq_data_ = false;
   uint32_t inject_size_ = 0;
+  uint32_t inbound_capacity_ = UINT32_MAX;
   std::atomic<uint64_t> next_key_{1};
 };
 
@@ -231,6 +235,7 @@ constexpr int kCqBatch = 16;  // CQ entries read per fi_cq_read
 class FabricEndpointBase : public Endpoint {
  public:
   uint32_t max_inline() const override { return inject_size_; }
+  uint32_t inbound_capacity() const override { return inbound_capacity_; }
 
  protected:
   enum class State : uint8_t { kIdle, kConnecting, kAccepting, kEstablished, kClosed };
@@ -254,6 +259,7 @@ class FabricEndpointBase : public Endpoint {
   State state_ = State::kIdle;
   bool length_in_data_ = false;
   uint32_t inject_size_ = 0;
+  uint32_t inbound_capacity_ = UINT32_MAX;
   // A closing write asks for FI_DELIVERY_COMPLETE: set where a completion
   // otherwise means only that a local socket took the bytes (tcp).
   bool delivery_acks_ = false;

@@ -173,6 +173,7 @@ TEST_P(FabricTest, Caps) {
   std::unique_ptr<Endpoint> ep;
   ASSERT_EQ(domain_->create_endpoint(nullptr, &ep), 0);
   EXPECT_EQ(ep->max_inline(), is_shm() ? 4096u : 128u);
+  EXPECT_EQ(ep->inbound_capacity(), is_shm() ? 1024u : UINT32_MAX);  // shm: GPUSOCK_SHM_QUEUE's default
   EXPECT_GE(ep->wait_fd(), 0);  // transport_wait_test.cc tests waiting
   Completion c;
   EXPECT_EQ(ep->poll(&c, 1), 0);
@@ -1107,6 +1108,23 @@ TEST(OpenDomain, DefaultAndEnvironment) {
   } else {
     unsetenv("GPUSOCK_TRANSPORT");
   }
+  gpusock::config::reload();
+}
+
+// An shm endpoint's command queue holds what GPUSOCK_SHM_QUEUE asks, and it
+// says so: the credits a connection grants are cut to fit it.
+TEST(OpenDomain, ShmQueueSettingSizesTheInboundCapacity) {
+  setenv("GPUSOCK_SHM_QUEUE", "64", 1);
+  gpusock::config::reload();
+  std::unique_ptr<Domain> domain;
+  std::string error;
+  ASSERT_EQ(open_domain("fabric:shm", &domain, &error), 0) << error;
+  std::unique_ptr<Endpoint> ep;
+  ASSERT_EQ(domain->create_endpoint(nullptr, &ep), 0);
+  EXPECT_EQ(ep->inbound_capacity(), 64u);
+  ep.reset();
+  domain.reset();
+  unsetenv("GPUSOCK_SHM_QUEUE");
   gpusock::config::reload();
 }
 
