@@ -42,6 +42,7 @@ enum class Id : int {
   kFabricHmem,
   kShmStuckLockMs,
   kShmQueueEntries,
+  kShmSpares,
   kVerbsDevice,
   // the GPU side
   kProxyThreads,

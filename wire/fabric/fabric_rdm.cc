@@ -116,6 +116,7 @@
 // descriptor (its bell); the first 64 peers a process rings also get a
 // socket connected to their bell (shm_bell.h).
 #include "wire/fabric/fabric_rdm.h"
+#include "wire/config.h"
 #include "wire/fabric/shm_region.h"
 #include "wire/spin_lock.h"
 
@@ -128,6 +129,7 @@ namespace gpusock::wire::fabric {
 namespace rdm {
 
 RdmDomain::~RdmDomain() {
+  if (spares_) spares_->stop();  // its thread opens endpoints of this domain
   close_parked_for_good();
   if (ringer_ >= 0) close(ringer_);
 }
@@ -144,11 +146,24 @@ gs_status_t RdmDomain::open(std::string *error) {
   hints_->open();                 // without a board every endpoint is looked at every time
   wire::note_spin_lock_use();     // shm's region locks (spin_lock.h)
   shm::sweep_stale_files_once();  // what killed processes left in /dev/shm (shm_names.h)
+  spares_ = std::make_unique<SpareEndpoints>(
+      [this](std::shared_ptr<RdmShared> *out) { return open_shared_now(out, /*for_listener=*/false); },
+      static_cast<uint32_t>(config::get(config::Id::kShmSpares)), ringer_);
   return 0;
 }
 
 gs_status_t RdmDomain::open_shared(std::shared_ptr<RdmShared> *out, bool for_listener) {
   close_settled_parked();
+  if (!for_listener && spares_) {
+    if (auto spare = spares_->take()) {
+      *out = std::move(spare);
+      return 0;
+    }
+  }
+  return open_shared_now(out, for_listener);
+}
+
+gs_status_t RdmDomain::open_shared_now(std::shared_ptr<RdmShared> *out, bool for_listener) {
   auto shared = std::make_shared<RdmShared>();
   shared->name = shm::new_endpoint_name(nullptr);
   const auto failed = [&](const char *call, int ret) {

@@ -11,6 +11,7 @@
 #include "wire/fabric/shm_name_exchange.h"
 #include "wire/fabric/shm_names.h"
 #include "wire/fabric/shm_sleep_group.h"
+#include "wire/fabric/shm_spares.h"
 #include "wire/fabric/shm_watchdog.h"
 
 #include <netinet/in.h>
@@ -166,9 +167,11 @@ class RdmDomain final : public FabricDomainBase {
   // A connection's endpoint, or a listener's (for_listener: shm's full
   // queues, whatever GPUSOCK_SHM_QUEUE says: a storm of clients' name
   // exchanges and requests waits in them).
+  // A connection's comes from the spares when one is ready (shm_spares.h).
   gs_status_t open_shared(std::shared_ptr<RdmShared> *out, bool for_listener = false);
 
   shm::ShmWatchdog &watchdog() { return watchdog_; }
+  SpareEndpoints &spares() { return *spares_; }
   // The socket every endpoint of the domain rings peers' bells from.
   int ringer() const { return ringer_; }
   void take_hints(const uint64_t *mask, size_t words, std::vector<int32_t> *slots) override {
@@ -187,11 +190,13 @@ class RdmDomain final : public FabricDomainBase {
 
  private:
   void close_settled_locked();
+  gs_status_t open_shared_now(std::shared_ptr<RdmShared> *out, bool for_listener);
   int ringer_ = -1;
   std::shared_ptr<shm::HintBoard> hints_ = std::make_shared<shm::HintBoard>();
   std::mutex parked_mu_;
   std::deque<ParkedEndpoint> parked_;
-  shm::ShmWatchdog watchdog_;  // destroyed (joined) before the fabric objects
+  shm::ShmWatchdog watchdog_;               // destroyed (joined) before the fabric objects
+  std::unique_ptr<SpareEndpoints> spares_;  // stopped first in the destructor
 };
 
 // --- listener side -------------------------------------------------------------

@@ -173,7 +173,8 @@ TEST_P(FabricTest, Caps) {
   std::unique_ptr<Endpoint> ep;
   ASSERT_EQ(domain_->create_endpoint(nullptr, &ep), 0);
   EXPECT_EQ(ep->max_inline(), is_shm() ? 4096u : 128u);
-  EXPECT_EQ(ep->inbound_capacity(), is_shm() ? 1024u : UINT32_MAX);  // shm: GPUSOCK_SHM_QUEUE's default
+  // shm: GPUSOCK_SHM_QUEUE's default.
+  EXPECT_EQ(ep->inbound_capacity(), is_shm() ? 1024u : UINT32_MAX);
   EXPECT_GE(ep->wait_fd(), 0);  // transport_wait_test.cc tests waiting
   Completion c;
   EXPECT_EQ(ep->poll(&c, 1), 0);
