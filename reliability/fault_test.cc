@@ -61,14 +61,16 @@ void within_or_die(double seconds, Done done, const char *what) {
 void warm_up() {
   const int port = free_port();
   Peer echo({"echo", std::to_string(port)});
-  const int fd = connect_to(port);
-  ASSERT_GE(fd, 0) << gs_status_name(fd);
-  pollfd idle{fd, POLLIN, 0};
-  ASSERT_EQ(gs_poll(&idle, 1, 20), 0);
-  char c = 'w';
-  ASSERT_EQ(gs_send(fd, &c, 1, 0), 1);
-  ASSERT_TRUE(recv_all(fd, &c, 1));
-  gs_close(fd);
+  for (int i = 0; i < kWarmUpConnections; ++i) {
+    const int fd = connect_to(port);
+    ASSERT_GE(fd, 0) << gs_status_name(fd);
+    pollfd idle{fd, POLLIN, 0};
+    ASSERT_EQ(gs_poll(&idle, 1, 20), 0);
+    char c = 'w';
+    ASSERT_EQ(gs_send(fd, &c, 1, 0), 1);
+    ASSERT_TRUE(recv_all(fd, &c, 1));
+    gs_close(fd);
+  }
 }
 
 // How a connection whose peer died may end: EOF, a reset, or (rsocket's own
@@ -82,7 +84,7 @@ TEST(Faults, ServerKilledMidStreamClientsSeeResetOrEof) {
   const int port = free_port();
   auto server = std::make_unique<Peer>(std::vector<std::string>{"echo", std::to_string(port)});
   warm_up();
-  const Resources base = Resources::now();
+  const Resources base = settled_resources();
   struct Client {
     std::atomic<uint64_t> rounds{0};
     std::atomic<bool> done{false};
@@ -289,7 +291,7 @@ TEST(Faults, BacklogOverflowRefusesAndNothingSticks) {
   std::string line;
   ASSERT_TRUE(peer->read_line(&line, 20) && line == "listening");
   warm_up();
-  const Resources base = Resources::now();
+  const Resources base = settled_resources();
   std::vector<int> fds;
   for (int i = 0; i < kClients; ++i) {
     const int fd = gs_socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);

@@ -169,6 +169,26 @@ struct Resources {
   }
 };
 
+// Connections a test makes before it takes its baseline: enough that the
+// process's one-time helpers are in it (the engine's thread, the transport,
+// and over fabric:shm the endpoints opened ahead, from the fourth on).
+inline constexpr int kWarmUpConnections = 6;
+
+// The counts once they stopped moving (the same three samples in a row,
+// 100 ms apart; at most `seconds`): a baseline taken while a helper thread
+// still opens what it keeps would be too low.
+inline Resources settled_resources(double seconds = 5) {
+  const Deadline deadline(seconds);
+  Resources last = Resources::now();
+  for (int same = 0; same < 2 && !deadline.passed();) {
+    usleep(100000);
+    Resources next = Resources::now();
+    same = next.fds == last.fds && next.threads == last.threads && next.shm == last.shm ? same + 1 : 0;
+    last = std::move(next);
+  }
+  return last;
+}
+
 // Waits up to `seconds` for the counts to come back within `base`; the last
 // sample goes to *last.
 inline bool back_to_baseline(const Resources &base, double seconds, Resources *last) {
