@@ -114,19 +114,17 @@ void SpareEndpoints::stop() {
     std::lock_guard<std::mutex> lock(g_started_mu);
     std::erase(*g_started, this);
   }
-  std::vector<std::shared_ptr<RdmShared>> stock;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) return;
-    stopping_ = true;
-    stock.swap(stock_);
+    stopping_ = true;  // take() hands out nothing from now on
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+  std::vector<std::shared_ptr<RdmShared>> stock;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    for (auto &spare : stock_) stock.push_back(std::move(spare));  // one the thread finished meanwhile
-    stock_.clear();
+    stock.swap(stock_);  // with the one the thread may have finished while stopping
   }
   for (const auto &spare : stock) retire_shared(spare, ringer_);
   if (started_) {
