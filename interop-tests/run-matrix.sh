@@ -461,11 +461,28 @@ GS_SHIM="GPUSOCK_LOG=info LD_PRELOAD=$GSP"
 # 44: memcslap's 4 threads under librspreload crash or time out), a failure of
 # a role with librspreload on one side is reported as n/s, with both reasons.
 declare -A SLAP_BASELINE=()
+# slap_run LOG SECONDS SHELL-CMD: runs a memcslap; sets SLAP_RC. Once
+# libmemcached has reported a fatal error the run has failed, and memcslap's
+# other threads would only wait out the bound, so it is stopped (rc 125).
+slap_run() {
+	local pid
+	start_bg "$1" "$2" "$3"; pid=$BG_PID
+	while kill -0 "$pid" 2>/dev/null; do
+		if grep -q 'Fatal error' "$1" 2>/dev/null; then
+			stop_bg "$pid"
+			SLAP_RC=125
+			return
+		fi
+		nap 0.2
+	done
+	wait "$pid"
+	SLAP_RC=$?
+}
 slap_case() {
 	local role=$1 id=$2 c=$3 cpre=$4 t1=$5 f rc V=PASS N=
 	for f in set get; do
-		timeout -k 3 $((c == 1 ? 120 : 20)) bash -c "$cpre memcslap -s $A:$PORT -c $c -e 500 -t $f" >"$LOGS/$id.slap$c-$f" 2>&1
-		rc=$?
+		slap_run "$LOGS/$id.slap$c-$f" $((c == 1 ? 120 : 20)) "$cpre memcslap -s $A:$PORT -c $c -e 500 -t $f"
+		rc=$SLAP_RC
 		((rc == 0)) && grep -q "Time to $f" "$LOGS/$id.slap$c-$f" || { V=FAIL; N+="memcslap -c $c -t $f exit $rc $(grep -m1 -E 'error|Fatal' "$LOGS/$id.slap$c-$f" | oneline 120); "; }
 	done
 	[[ $role == baseline ]] && SLAP_BASELINE[$c]=$V
@@ -486,7 +503,7 @@ shim_case() {
 	p0=$(($(cnt sent_pkts) + $(cnt rcvd_pkts)))
 	t0=$(now)
 	printf 'server: %s memcached ...\nclients: %s memc*\n' "$spre" "$cpre" >"$LOGS/$id.cmd"
-	start_bg "$LOGS/$id.srv" 300 "$spre memcached -u root -l $A -p $PORT -U 0 -t 2 -I 2m -m 64 -c 256 -v"; spid=$BG_PID
+	start_bg "$LOGS/$id.srv" 300 "$spre memcached -u root -l $A -p $PORT -U 0 -t 2 -I 2m -m 64 -c 256 -vv"; spid=$BG_PID
 	wait_line "$LOGS/$id.srv" 'server listening|listening on .* via gpusock' 30 "$spid" || nap 2
 	tcp_snapshot "$id" "$PORT" listening
 
