@@ -39,6 +39,9 @@ constexpr uint32_t kListenerAdmissions = 192;
 // the name exchange and the REQ of every client admitted at once, and more.
 constexpr size_t kListenerQueueEntries = 1024;
 constexpr uint64_t kLivenessIntervalMs = 10;
+// Reads of a dead peer's last commands (RdmEndpoint::drain_dead_peer): more
+// than any queue setting holds.
+constexpr int kDrainPassesMax = 4096;
 
 // kProbe is ignored by every receiver (fabric_rdm_parking.cc sends it).
 enum CtrlType : uint16_t { kReq = 1, kAccept = 2, kReject = 3, kBye = 4, kAck = 5, kProbe = 6 };

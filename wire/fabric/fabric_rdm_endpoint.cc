@@ -298,7 +298,7 @@ void RdmEndpoint::screen_name_exchange() {
 int RdmEndpoint::process_cq(Completion *out, int max, int *produced) {
   screen_name_exchange();
   ProviderCall call = provider_call();
-  if (!call) {
+  if (!call && !draining_) {
     *produced = 0;
     cq_dirty_ = false;
     return 0;
@@ -329,15 +329,16 @@ int RdmEndpoint::process_cq(Completion *out, int max, int *produced) {
 int RdmEndpoint::poll(Completion *out, int max) {
   if (max <= 0) return 0;
   int n = 0;
+  // A dead peer is noticed before the provider is called again (see "Torn
+  // enqueues"); what it sent before it died comes out of the stash here.
+  if (liveness_now_ || verdict_waiting()) [[unlikely]]
+    check_liveness();
   if (!stash_.empty()) [[unlikely]] {
     const int take = std::min<int>(max, static_cast<int>(stash_.size()));
     std::copy(stash_.begin(), stash_.begin() + take, out);
     stash_.erase(stash_.begin(), stash_.begin() + take);
     n = take;
   }
-  // A dead peer is noticed before the provider is called again (see "Torn enqueues").
-  if (liveness_now_ || verdict_waiting()) [[unlikely]]
-    check_liveness();
   before_pass();
   if (awaiting_admission_) [[unlikely]]
     try_admission();
@@ -393,7 +394,8 @@ void RdmEndpoint::disconnect() {
 
 gs_status_t RdmEndpoint::post_write(const WriteRequest &request) {
   ProviderCall call = provider_call();
-  if (!call) return -ECONNRESET;
+  // A peer that died is reported by the next poll, after what it sent first.
+  if (!call) return state_ == State::kEstablished ? -EAGAIN : -ECONNRESET;
   const bool ring_full = ring_.full();
   const gs_status_t ret = post_write_to(shared_->ep, peer_.addr, request);
   if (ret == 0) [[likely]] {

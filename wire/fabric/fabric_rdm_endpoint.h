@@ -114,6 +114,8 @@ class RdmEndpoint final : public FabricEndpointBase {
   // Guards every provider call on this connection (see "Torn enqueues").
   ProviderCall provider_call() const { return ProviderCall(peer_died_, watch_.get()); }
   void check_liveness();
+  // False while the watchdog has not yet looked at our queue (look again).
+  bool drain_dead_peer();
   void peer_gone(bool dead_process);
   void fail_connect(int status, const char *reason = nullptr);  // reason: static text
   // Before each read of the CQ while connecting (shm_name_exchange.h).
@@ -162,6 +164,7 @@ class RdmEndpoint final : public FabricEndpointBase {
   uint32_t idle_polls_ = 0;
   uint64_t last_liveness_ms_ = 0;
   bool peer_died_ = false;  // its process is gone: no provider call on this connection again
+  bool draining_ = false;   // reading what a dead peer left whole (drain_dead_peer)
   // Waiting (shm_bell.h).
   bool cq_dirty_ = false;          // the CQ may hold entries: our last read was not empty, or we posted since
   bool tx_blocked_ = false;        // a write met -FI_EAGAIN and none went since

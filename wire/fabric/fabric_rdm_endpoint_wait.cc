@@ -45,6 +45,29 @@ void RdmEndpoint::peer_gone(bool dead_process) {
   if (dead_process && !peer_name_.empty()) shm::unlink_endpoint_files(peer_name_);
 }
 
+bool RdmEndpoint::drain_dead_peer() {
+  if (peer_died_ || !watch_ || !watch_->dead.load(std::memory_order_acquire) || state_ != State::kEstablished)
+    return true;
+  const shm::QueueAfterDeath queue = watch_->queue_after_death.load(std::memory_order_acquire);
+  if (queue == shm::QueueAfterDeath::kUnsettled) {
+    liveness_now_ = true;
+    return false;
+  }
+  if (queue != shm::QueueAfterDeath::kWhole) return true;
+  // Only this thread calls the provider on the connection now: the watchdog
+  // is done with our lock, and the peer is gone.
+  draining_ = true;
+  Completion buffer[kCqBatch];
+  for (int pass = 0; pass < kDrainPassesMax && state_ == State::kEstablished; ++pass) {
+    int produced = 0;
+    const int got = process_cq(buffer, kCqBatch, &produced);
+    stash_.insert(stash_.end(), buffer, buffer + produced);
+    if (got <= 0) break;
+  }
+  draining_ = false;
+  return true;
+}
+
 bool RdmEndpoint::verdict_waiting() const {
   if (state_ == State::kIdle || state_ == State::kClosed) return false;
   if (watch_ && watch_->dead.load(std::memory_order_acquire)) return true;
@@ -82,7 +105,8 @@ void RdmEndpoint::check_liveness() {
   }
   if (state_ != State::kEstablished && state_ != State::kAccepting) return;
   if (peer_dead()) {
-    peer_gone(true);
+    if (!drain_dead_peer()) return;
+    if (state_ == State::kEstablished || state_ == State::kAccepting) peer_gone(true);
   } else if (unreachable || (peer_.pin && !peer_.pin->alive.load(std::memory_order_acquire))) {
     peer_gone(false);  // its endpoint was destroyed without a BYE reaching us
   } else if (state_ == State::kAccepting && ctrl_pending_ && !peer_.pin) {

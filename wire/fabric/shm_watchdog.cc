@@ -238,6 +238,8 @@ void ShmWatchdog::fire(PeerWatch *watch) {
     watch->own_lock_pending = true;
     watch->held_since_ms = coarse_ms();
     settle_own_lock(watch);
+  } else {
+    watch->queue_after_death.store(QueueAfterDeath::kDropped, std::memory_order_release);
   }
 }
 
@@ -251,12 +253,14 @@ void ShmWatchdog::settle_own_lock(PeerWatch *watch) {
   RegionLock &own = *watch->locks[1];
   if (!own.held()) {
     watch->own_lock_pending = false;
+    watch->queue_after_death.store(QueueAfterDeath::kWhole, std::memory_order_release);
     return;
   }
   if (watch->in_provider.load(std::memory_order_seq_cst) == 0 || coarse_ms() - watch->held_since_ms >= kDeadHolderMs) {
     own.drop_pending_commands();
     own.release();
     watch->own_lock_pending = false;
+    watch->queue_after_death.store(QueueAfterDeath::kDropped, std::memory_order_release);
   }
 }
 

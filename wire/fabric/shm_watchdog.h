@@ -31,6 +31,12 @@
 // spinning on it inside fi_cq_read. It knows whether one was: the endpoint
 // marks its provider calls (PeerWatch::in_provider, ProviderCall).
 //
+// What a peer sent before it exited. A process that writes, closes and exits
+// at once leaves its last data and its disconnect in our command queue. When
+// our region's lock was free at its death, every command there is whole
+// (QueueAfterDeath::kWhole), and the endpoint reads the queue once more before
+// it reports the connection lost: the peer's close arrives as a close.
+//
 // Reaching the lock needs shm's region layout (shm_region.h).
 #pragma once
 
@@ -67,8 +73,16 @@ struct PeerPidfd {
 
 // One watched peer (or, in stuck mode, one listener region). For a peer,
 // locks[0] is the peer's region, locks[1] (when there) our endpoint's.
+// What the watchdog found in our region's command queue once the peer died.
+enum class QueueAfterDeath : int {
+  kUnsettled,  // not yet looked (our region's lock held by a thread of ours)
+  kWhole,      // the lock was free: every command in it was committed whole
+  kDropped,    // held by the dead peer (dropped), or not ours to look at
+};
+
 struct PeerWatch {
   std::atomic<bool> dead{false};
+  std::atomic<QueueAfterDeath> queue_after_death{QueueAfterDeath::kUnsettled};
   // Threads of our endpoint inside a provider call on this connection.
   std::atomic<int> in_provider{0};
   pid_t pid = 0;
