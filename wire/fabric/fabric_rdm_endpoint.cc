@@ -1,6 +1,7 @@
 // fabric:shm connection endpoints: gpusock's handshake (client and server
 // side), data and teardown (fabric_rdm_endpoint.h).
 #include "wire/fabric/fabric_rdm_endpoint.h"
+#include "wire/status_kinds.h"
 
 #include <arpa/inet.h>
 #include <unistd.h>
@@ -14,9 +15,7 @@ namespace {
 
 // A connect that fails for want of a resource says which; any other failure
 // to reach the listener reads as a refusal, as tcp's does.
-int connect_error(int status) {
-  return status == -EMFILE || status == -ENFILE || status == -ENOMEM ? status : -ECONNREFUSED;
-}
+int connect_error(int status) { return out_of_resources(status) ? status : -ECONNREFUSED; }
 
 }  // namespace
 
@@ -152,7 +151,7 @@ gs_status_t RdmEndpoint::connect(const sockaddr *addr, socklen_t len, const void
   }
   if (!found) {
     // Reported by poll_cm, like tcp's refusal; or the lookup's want of a descriptor.
-    const int why = errno == EMFILE || errno == ENFILE ? -errno : -ECONNREFUSED;
+    const int why = out_of_descriptors(-errno) ? -errno : -ECONNREFUSED;
     fail_connect(why, why == -ECONNREFUSED ? nullptr : "fabric:shm: no descriptor left to connect");
     return 0;
   }
@@ -169,7 +168,7 @@ gs_status_t RdmEndpoint::connect(const sockaddr *addr, socklen_t len, const void
     fail_connect(connect_error(rc));
     return 0;
   }
-  if (!name_exchange_.open(shared_->name) && (errno == EMFILE || errno == ENFILE)) {
+  if (!name_exchange_.open(shared_->name) && out_of_descriptors(-errno)) {
     fail_connect(-errno, "fabric:shm: no descriptor left to connect");
     return 0;
   }

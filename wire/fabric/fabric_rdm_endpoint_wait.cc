@@ -1,6 +1,7 @@
 // fabric:shm connection endpoints: dead or departed peers, and waiting on
 // the endpoint's bell (fabric_rdm_endpoint.h; shm_bell.h describes waking).
 #include "wire/fabric/fabric_rdm_endpoint.h"
+#include "wire/status_kinds.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -96,7 +97,7 @@ void RdmEndpoint::check_liveness() {
       shm::Rendezvous rv{};
       errno = 0;
       if (!shm::read_rendezvous(listener_rendezvous_, &rv)) {
-        if (errno != EMFILE && errno != ENFILE) fail_connect(-ECONNREFUSED);  // else: no descriptor to look, later
+        if (!out_of_descriptors(-errno)) fail_connect(-ECONNREFUSED);  // else: no descriptor to look, later
       } else if (listener_name_ != rv.name) {
         fail_connect(-ECONNREFUSED);
       }

@@ -1,6 +1,7 @@
 // fabric:shm peers: control messages, addresses, the in-process registry and
 // AV entries (fabric_rdm.h).
 #include "wire/fabric/fabric_rdm.h"
+#include "wire/status_kinds.h"
 
 #include <arpa/inet.h>
 #include <sys/random.h>
@@ -208,9 +209,7 @@ gs_status_t insert_peer(const std::shared_ptr<RdmShared> &self, const char *name
         // mapped is left in errno by its shm_open or mmap.
         const int err = errno;
         self->av_names.erase(name);
-        const gs_status_t status = ret < 0                                           ? fi_status(ret)
-                                   : err == EMFILE || err == ENFILE || err == ENOMEM ? -err
-                                                                                     : -EIO;
+        const gs_status_t status = ret < 0 ? fi_status(ret) : out_of_resources(-err) ? -err : -EIO;
         set_error_detail(std::string("fabric:shm: mapping peer ") + name + ": " +
                          (ret < 0 ? fi_error_text(ret) : std::string(std::strerror(-status))));
         return status;

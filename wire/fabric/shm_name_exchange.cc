@@ -1,4 +1,5 @@
 #include "wire/fabric/shm_name_exchange.h"
+#include "wire/status_kinds.h"
 
 #include "wire/fabric/shm_region.h"
 
@@ -54,7 +55,7 @@ Openable try_open(const char *name, int *why) {
     close(fd);
     return Openable::kYes;
   }
-  if (errno != EMFILE && errno != ENFILE) return Openable::kNever;  // gone or another user's
+  if (!out_of_descriptors(-errno)) return Openable::kNever;  // gone or another user's
   *why = -errno;
   return Openable::kNotNow;
 }

@@ -1,4 +1,5 @@
 #include "wire/socket/stream_socket.h"
+#include "wire/status_kinds.h"
 #include "wire/log.h"
 
 #include "wire/socket/ring_budget.h"
@@ -289,7 +290,7 @@ bool StreamSocket::accept_requests_locked(bool by_application) {
       listener_short_ = 0;
     } else {
       const int got = next_valid_request(*listener_, &request, &peer, rejected, nullptr);
-      listener_short_ = got == -EMFILE || got == -ENFILE ? got : 0;
+      listener_short_ = wire::out_of_descriptors(got) ? got : 0;
       if (got <= 0) break;
     }
     did = true;
@@ -299,7 +300,7 @@ bool StreamSocket::accept_requests_locked(bool by_application) {
     child->local_addr_ = local_addr_;
     child->local_len_ = local_len_;
     if (int rc = child->conn_.accept(request.get(), peer, child->driver_config()); rc < 0) {
-      if (rc == -EMFILE || rc == -ENFILE) {
+      if (wire::out_of_descriptors(rc)) {
         // Out of descriptors: the kernel keeps such a connection in the
         // backlog and accept says EMFILE; so do we, and take it again later.
         held_request_ = std::move(request);
