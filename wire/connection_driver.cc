@@ -141,6 +141,7 @@ void ConnectionDriver::release() {
   rbuf_ = sbuf_ = meta_ = nullptr;
   owns_rings_ = false;
   established_ = false;
+  violator_cut_ = false;
   ctrl_stage_next_ = 0;
   teardown_at_ = {};
 }
@@ -248,9 +249,7 @@ bool ConnectionDriver::poll_completions() {
       } else if (c.status < 0) {
         core_.on_transport_closed(lost_status(c.status, established_));
       } else if (core_.on_recv_imm(c.imm, c.length) < 0) {
-        // A protocol violation ends this connection only: cut the peer off now.
-        if (sink_) sink_(owner_, core_.error(), core_.error_reason());
-        endpoint_->disconnect();
+        cut_off_violator();
       }
     }
     if (n < static_cast<int>(kPollBatch)) return did;
@@ -293,6 +292,13 @@ gs_status_t ConnectionDriver::post_action(const Action &a) {
   return rc;
 }
 
+void ConnectionDriver::cut_off_violator() {
+  if (violator_cut_ || !endpoint_) return;
+  violator_cut_ = true;
+  if (sink_) sink_(owner_, core_.error(), core_.error_reason());
+  endpoint_->disconnect();
+}
+
 bool ConnectionDriver::post_actions() {
   if (!endpoint_) return false;
   bool did = false;
@@ -308,6 +314,8 @@ bool ConnectionDriver::post_actions() {
     core_.commit_action(a);
     did = true;
   }
+  // Building a write can find a violation too (an advert outside the peer's ring).
+  if (core_.state() == StreamState::kError && core_.error() == -EPROTO) cut_off_violator();
   return did;
 }
 

@@ -118,13 +118,17 @@ class ConnectionDriver {
   bool poll_completions();
   void on_cm_disconnect(gs_status_t status);
   void fail(gs_status_t err, const char *why);
+  // A protocol violation the core found (EPROTO) ends this connection only,
+  // at once: the peer is cut off and the owner told, once.
+  void cut_off_violator();
 
   Domain *domain_;
   ErrorSink sink_;
   void *owner_;
   DriverState state_ = DriverState::kIdle;
   gs_status_t error_ = 0;
-  bool established_ = false;  // the transport may carry writes
+  bool established_ = false;   // the transport may carry writes
+  bool violator_cut_ = false;  // cut_off_violator ran
   bool owns_rings_ = false;
   DriverClock::time_point close_deadline_{};
   DriverClock::time_point teardown_at_{};
