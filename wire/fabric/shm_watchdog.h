@@ -71,8 +71,6 @@ struct PeerPidfd {
   bool in_epoll = true;  // until the process died (level-triggered: taken out then)
 };
 
-// One watched peer (or, in stuck mode, one listener region). For a peer,
-// locks[0] is the peer's region, locks[1] (when there) our endpoint's.
 // What the watchdog found in our region's command queue once the peer died.
 enum class QueueAfterDeath : int {
   kUnsettled,  // not yet looked (our region's lock held by a thread of ours)
@@ -80,6 +78,8 @@ enum class QueueAfterDeath : int {
   kDropped,    // held by the dead peer (dropped), or not ours to look at
 };
 
+// One watched peer (or, in stuck mode, one listener region). For a peer,
+// locks[0] is the peer's region, locks[1] (when there) our endpoint's.
 struct PeerWatch {
   std::atomic<bool> dead{false};
   std::atomic<QueueAfterDeath> queue_after_death{QueueAfterDeath::kUnsettled};
