@@ -71,6 +71,8 @@ constexpr Setting kTable[] = {
    "entries in each fabric:shm connection endpoint's transmit and receive queues (~1.5 KiB of memory each; a connection grants at most this less 4 credits; fewer entries, more of each new region zero-filled at set-up)"},
   {"GPUSOCK_SHM_SPARES", Type::kInt, 2, 0, 64, nullptr, nullptr, "fabric",
    "fabric:shm endpoints a process that keeps opening them has opened ahead, by a thread of its domain (0: none)"},
+  {"GPUSOCK_TCP_CQ_SHARE", Type::kInt, 1, 1, 4096, nullptr, nullptr, "fabric",
+   "fabric:tcp connections a thread opens that share a completion queue once the process holds that many (1: a queue each, 3 file descriptors; more: fewer descriptors, but each read of a shared queue progresses every member's socket and wakes the threads asleep on any of them)"},
   {"GPUSOCK_VERBS_DEVICE", Type::kText, 0, 0, 0, "", nullptr, "verbs",
    "the RDMA device verbs uses (default: the first)"},
   {"GPUSOCK_PROXY_THREADS", Type::kInt, 1, 1, 64, nullptr, nullptr, "proxy",

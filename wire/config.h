@@ -43,6 +43,7 @@ enum class Id : int {
   kShmStuckLockMs,
   kShmQueueEntries,
   kShmSpares,
+  kTcpCqShare,
   kVerbsDevice,
   // the GPU side
   kProxyThreads,

@@ -100,8 +100,9 @@ gs_status_t FabricEndpointBase::post_write_to(fid_ep *ep, fi_addr_t dest, const 
   ssize_t ret;
   if (request.inline_data && request.length <= inject_size_) {
     if (request.has_imm) {
-      ret = fi_inject_writedata(ep, request.local, request.length, make_cq_data(request.imm, request.length), dest,
-                                request.remote_addr, request.rkey);
+      ret = fi_inject_writedata(ep, request.local, request.length,
+                                make_cq_data(request.imm, request.length, peer_cq_tag_), dest, request.remote_addr,
+                                request.rkey);
     } else {
       ret = fi_inject_write(ep, request.local, request.length, dest, request.remote_addr, request.rkey);
     }
@@ -113,8 +114,8 @@ gs_status_t FabricEndpointBase::post_write_to(fid_ep *ep, fi_addr_t dest, const 
   TxRing::Slot *slot = ring_.push(request.token);
   void *desc = request.region != nullptr ? request.region->desc : nullptr;
   if (request.has_imm) {
-    ret = fi_writedata(ep, request.local, request.length, desc, make_cq_data(request.imm, request.length), dest,
-                       request.remote_addr, request.rkey, slot);
+    ret = fi_writedata(ep, request.local, request.length, desc, make_cq_data(request.imm, request.length, peer_cq_tag_),
+                       dest, request.remote_addr, request.rkey, slot);
   } else {
     ret = fi_write(ep, request.local, request.length, desc, dest, request.remote_addr, request.rkey, slot);
   }
@@ -143,7 +144,7 @@ gs_status_t FabricEndpointBase::post_delivered_write(fid_ep *ep, fi_addr_t dest,
   msg.rma_iov = &rma;
   msg.rma_iov_count = 1;
   msg.context = slot;
-  msg.data = request.has_imm ? make_cq_data(request.imm, request.length) : 0;
+  msg.data = request.has_imm ? make_cq_data(request.imm, request.length, peer_cq_tag_) : 0;
   const uint64_t flags = FI_DELIVERY_COMPLETE | FI_COMPLETION | (request.has_imm ? FI_REMOTE_CQ_DATA : 0);
   const ssize_t ret = fi_writemsg(ep, &msg, flags);
   if (ret != 0) [[unlikely]] {

@@ -137,8 +137,9 @@ class FabricDomainBase : public Domain {
   fid_fabric *fabric() const { return fabric_; }
   fid_domain *domain() const { return domain_; }
   // What the CQ data of a write carries: the 32-bit immediate in the low half,
-  // and when the provider gives 8 bytes, the write's length in the high half
-  // (tcp reports len 0 for remote writes, so the length travels with the data).
+  // and when the provider gives 8 bytes, the target's CQ tag and the write's
+  // length in the high half (make_cq_data; tcp reports len 0 for remote
+  // writes, so the length travels with the data).
   bool length_in_cq_data() const { return length_in_cq_data_; }
   bool rx_cq_data() const { return rx_cq_data_; }
   uint32_t inject_size() const { return inject_size_; }
@@ -208,18 +209,27 @@ gs_status_t accept_as(const TransportCaps &caps, Endpoint *endpoint, ConnectionR
   return typed_endpoint->start_accept(typed_request, private_data, private_len);
 }
 
+// The 8-byte CQ data a write carries (see length_in_cq_data()): the immediate
+// in the low half; in the high half the target's completion-queue tag (which
+// of the endpoints sharing the target's CQ the write is for; fabric_msg.cc,
+// "Shared completion queues") and the write's length. Lengths from
+// kCqDataMaxLength up read as that value (gpusock writes at most kMaxWrite).
+constexpr uint32_t kCqTagBits = 12;
+constexpr uint32_t kCqDataMaxLength = (1u << (32 - kCqTagBits)) - 1;
+inline uint64_t make_cq_data(uint32_t imm, uint32_t length, uint32_t tag) {
+  const uint32_t high =
+      (tag & ((1u << kCqTagBits) - 1)) | ((length < kCqDataMaxLength ? length : kCqDataMaxLength) << kCqTagBits);
+  return static_cast<uint64_t>(imm) | (static_cast<uint64_t>(high) << 32);
+}
+inline uint32_t cq_data_tag(uint64_t data) { return static_cast<uint32_t>(data >> 32) & ((1u << kCqTagBits) - 1); }
+
 // Translate one data CQ entry that carries remote CQ data.
-inline void fill_recv_imm(const fi_cq_data_entry &entry, bool length_in_data, Completion *out) {
+inline void fill_recv_imm(uint64_t data, size_t len, bool length_in_data, Completion *out) {
   out->kind = CompletionKind::kRecvImm;
   out->status = 0;
   out->token = 0;
-  out->imm = static_cast<uint32_t>(entry.data);
-  out->length = length_in_data ? static_cast<uint32_t>(entry.data >> 32) : static_cast<uint32_t>(entry.len);
-}
-
-// The 8-byte CQ data a write carries (see length_in_cq_data()).
-inline uint64_t make_cq_data(uint32_t imm, uint32_t length) {
-  return static_cast<uint64_t>(imm) | (static_cast<uint64_t>(length) << 32);
+  out->imm = static_cast<uint32_t>(data);
+  out->length = length_in_data ? static_cast<uint32_t>(data >> (32 + kCqTagBits)) : static_cast<uint32_t>(len);
 }
 
 // What an errno cannot say about this thread's last failed transport call
@@ -258,6 +268,7 @@ class FabricEndpointBase : public Endpoint {
   TxRing ring_;
   State state_ = State::kIdle;
   bool length_in_data_ = false;
+  uint32_t peer_cq_tag_ = 0;  // the peer's CQ tag, carried in the CQ data of our writes
   uint32_t inject_size_ = 0;
   uint32_t inbound_capacity_ = UINT32_MAX;
   // A closing write asks for FI_DELIVERY_COMPLETE: set where a completion
@@ -277,7 +288,7 @@ int FabricEndpointBase::read_cq(fid_cq *cq, Completion *out, int max, int *produ
     for (ssize_t i = 0; i < got; ++i) {
       const fi_cq_data_entry &entry = entries[i];
       if ((entry.flags & FI_REMOTE_CQ_DATA) != 0) {
-        fill_recv_imm(entry, length_in_data_, &out[n++]);
+        fill_recv_imm(entry.data, entry.len, length_in_data_, &out[n++]);
       } else if (ring_.owns(entry.op_context)) {
         TxRing::complete(entry.op_context, 0);
       } else {

@@ -16,34 +16,55 @@
 // mutex. A listener has an EQ of its own, read only by get_request, because
 // tcp accepts on the listening socket inside fi_eq_read: a process takes a
 // connection off the kernel's queue only when its socket layer asks
-// (fabric_msg.h, MsgListenerCore). Each endpoint has its own CQ, so data
-// completions need no routing and poll() takes no lock of ours. Files: this
-// one (domain, EQs, listener), fabric_msg.h (what they share),
-// fabric_msg_endpoint.cc.
+// (fabric_msg.h, MsgListenerCore). Files: this one (domain, EQs, listener),
+// fabric_msg.h (what they share), fabric_msg_endpoint.cc,
+// fabric_msg_cq_group.cc (shared CQs).
+//
+// Shared completion queues. A tcp CQ costs three file descriptors (an epoll
+// set and a socket pair for its signal) beside the endpoint's socket, so a
+// process short of descriptors may share them (GPUSOCK_TCP_CQ_SHARE = K > 1;
+// by default each endpoint has its own): while the domain holds fewer than K
+// endpoints each has a CQ of its own; beyond, a new endpoint joins the newest
+// CQ its thread opened that has room, K to a CQ. Sharing is not free in
+// libfabric 1.17: each read of a shared CQ progresses every member's socket,
+// and the CQ's fd wakes every thread asleep on any member (a server whose
+// accepting thread is not the one serving, a client that opens its
+// connections before handing them to threads). Each endpoint has a tag, its place in its CQ,
+// sent to the peer after the private data of its connection request or
+// accept; the peer's writes carry it in their CQ data (make_cq_data), as tcp
+// says nothing else of which endpoint a remote write came in on. Our own
+// writes are told apart by their context (a slot of one endpoint's ring).
+// Whoever reads a CQ (tcp progresses every member's socket inside the read)
+// routes what it read to its members under the CQ's mutex, in order; each
+// takes its own. A CQ of one endpoint works the same way.
 //
 // Data progress: tcp progresses sockets inside fi_cq_read (it runs epoll on the
 // CQ's wait set), so a peer's FI_SHUTDOWN is noticed by poll(), or by poll_cm()
 // which does a zero-entry fi_cq_read at most once per millisecond while
 // established.
 //
-// Waiting. Each endpoint's CQ has an FI_WAIT_FD wait object: an epoll fd over
-// the endpoint's socket (POLLIN, and POLLOUT while sends are queued) and the
-// CQ's signal. That fd is the endpoint's wait_fd; arm_wait is fi_trywait on
-// the CQ (it resets the signal and says -FI_EAGAIN when completions or
-// buffered bytes wait), then a look at the mailbox. CM progress of connecting
-// and accepted sockets sits in the domain EQ's wait set instead; a CM thread
-// per domain sleeps on the EQ's fd and pumps it whenever it fires, and whoever
-// routes an event (that thread, or an endpoint pumping in poll_cm) wakes the
-// endpoint with fi_cq_signal. One thread and one wake-up per CM event, however
-// many connections sleep. No wake-up is lost: the router counts the event
-// (pending, seq_cst) before it signals; the sleeper resets the signal
-// (fi_trywait) before it reads the count. A listener's wait_fd is its own
-// EQ's (the listening socket and the requests being read are in its set), and
-// its arm_wait is fi_trywait on that EQ.
+// Waiting. Each CQ has an FI_WAIT_FD wait object: an epoll fd over its
+// members' sockets (POLLIN, and POLLOUT while sends are queued) and the CQ's
+// signal. That fd is each member's wait_fd; arm_wait reads the CQ once more
+// (routing what it finds) and, when nothing waits for the member, marks it
+// asleep, then looks at the mailbox. Any read may reset the signal (tcp does
+// when its epoll reports it), so after every read, under the mutex, the CQ is
+// signalled again while a member asleep has completions or CM events
+// waiting; a member that sleeps meanwhile yields its CPU to the one the fd is
+// readable for, rather than spin through its own sleeps. CM progress of
+// connecting and accepted sockets sits in the domain EQ's wait set instead; a
+// CM thread per domain sleeps on the EQ's fd and pumps it whenever it fires,
+// and whoever routes an event (that thread, or an endpoint pumping in
+// poll_cm) wakes the endpoint with fi_cq_signal. One thread and one wake-up
+// per CM event, however many connections sleep. No wake-up is lost: the
+// router counts the event (pending, seq_cst) before it signals, and the
+// sleeper marks itself asleep before it reads the count. A listener's wait_fd
+// is its own EQ's (the listening socket and the requests being read are in
+// its set), and its arm_wait is fi_trywait on that EQ.
 //
 // Writes with an immediate are fi_writedata / fi_inject_writedata (inline and
-// <= 128 bytes); the 8-byte CQ data carries imm | length << 32, because tcp
-// reports len 0 for a remote write. tcp needs no posted receive for them (mode
+// <= 128 bytes); the 8-byte CQ data carries the immediate, the target's CQ
+// tag and the length, because tcp reports len 0 for a remote write. tcp needs no posted receive for them (mode
 // has no FI_RX_CQ_DATA); if a provider asked for it, post_recv would post that
 // many zero-length receives (deferred until the fid_ep exists).
 //
@@ -58,6 +79,8 @@
 // when the pep closes.
 #include "wire/fabric/fabric_msg.h"
 
+#include "wire/config.h"
+
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
@@ -67,6 +90,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -229,6 +253,33 @@ InfoPtr MsgDomain::endpoint_info(int family) const {
   info->dest_addrlen = 0;
   info->addr_format = family == AF_INET6 ? FI_SOCKADDR_IN6 : FI_SOCKADDR_IN;
   return info;
+}
+
+gs_status_t MsgDomain::join_cq_group(const TxRing *ring, const CmMailbox *mailbox, std::shared_ptr<CqGroup> *group,
+                                     uint32_t *tag) {
+  const auto share = static_cast<uint32_t>(std::min<long>(config::get(config::Id::kTcpCqShare), CqGroup::kMaxMembers));
+  std::shared_ptr<CqGroup> current;
+  // Zero-length receives (FI_RX_CQ_DATA) carry no tag: a queue each.
+  if (share <= 1 || rx_cq_data_ || cq_members_.load(std::memory_order_relaxed) < share) {
+    gs_status_t ret = CqGroup::open(*this, 1, &current);
+    if (ret < 0) return ret;
+  } else {
+    std::lock_guard lock(groups_mu_);
+    std::weak_ptr<CqGroup> &slot = thread_groups_[std::this_thread::get_id()];
+    current = slot.lock();
+    if (!current || !current->here() || !current->has_room()) {
+      gs_status_t ret = CqGroup::open(*this, share, &current);
+      if (ret < 0) return ret;
+      slot = current;
+      std::erase_if(thread_groups_, [](const auto &entry) { return entry.second.expired(); });
+    }
+  }
+  const int joined = current->join(ring, mailbox);
+  if (joined < 0) return joined;
+  cq_members_.fetch_add(1, std::memory_order_relaxed);
+  *tag = static_cast<uint32_t>(joined);
+  *group = std::move(current);
+  return 0;
 }
 
 void MsgDomain::deliver_locked(CmMailbox *mailbox, RawCmEvent &&event) {

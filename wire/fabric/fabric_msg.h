@@ -6,6 +6,7 @@
 
 #include "wire/fabric/creator.h"
 #include "wire/fabric/fabric_common.h"
+#include "wire/fabric/fabric_msg_cq_group.h"
 
 #include <atomic>
 #include <cstring>
@@ -18,13 +19,32 @@
 namespace gpusock::wire::fabric::msg {
 
 constexpr size_t kMaxCmData = 256;  // tcp's TCPX_MAX_CM_DATA_SIZE
+// After the private data of a connection request and of its accept: the
+// sender's CQ tag (little-endian), which the peer's writes carry.
+constexpr uint32_t kCqTagWireBytes = 2;
+constexpr uint32_t kMaxPrivateData = 64;  // ProviderAttr::max_private_data
+
+// private_data + our tag into out (kMaxPrivateData + kCqTagWireBytes bytes).
+inline uint32_t append_cq_tag(const void *private_data, uint32_t private_len, uint32_t tag, uint8_t *out) {
+  if (private_len != 0) std::memcpy(out, private_data, private_len);
+  out[private_len] = static_cast<uint8_t>(tag);
+  out[private_len + 1] = static_cast<uint8_t>(tag >> 8);
+  return private_len + kCqTagWireBytes;
+}
+// Splits the peer's tag off data[0, *len); false when it is not there.
+inline bool split_cq_tag(const uint8_t *data, uint32_t *len, uint32_t *tag) {
+  if (*len < kCqTagWireBytes) return false;
+  *len -= kCqTagWireBytes;
+  *tag = static_cast<uint32_t>(data[*len]) | (static_cast<uint32_t>(data[*len + 1]) << 8);
+  return *tag < CqGroup::kMaxMembers;
+}
 
 // A CM event as read from the EQ, before the endpoint interprets it.
 struct RawCmEvent {
   enum Type : uint8_t { kConnReq, kConnected, kShutdown, kError } type = kError;
   int err = 0;              // kError / error shutdown: positive errno
   fi_info *info = nullptr;  // kConnReq: owned
-  uint8_t data[64] = {};
+  uint8_t data[kMaxPrivateData + kCqTagWireBytes] = {};
   uint32_t data_len = 0;
 };
 
@@ -79,6 +99,8 @@ class MsgConnectionRequest final : public ConnectionRequest {
       : core_(std::move(core)), info_(event.info), len_(event.data_len) {
     event.info = nullptr;
     std::memcpy(data_, event.data, len_);
+    // Without a tag the request reads as empty: the client's record is missing.
+    if (!split_cq_tag(data_, &len_, &peer_tag_)) len_ = 0;
   }
   ~MsgConnectionRequest() override;
 
@@ -87,14 +109,16 @@ class MsgConnectionRequest final : public ConnectionRequest {
   void reject() override;
 
   fi_info *info() const { return info_; }
+  uint32_t peer_tag() const { return peer_tag_; }
   bool answered() const { return accepted_ || rejected_; }
   void mark_accepted() { accepted_ = true; }
 
  private:
   std::shared_ptr<MsgListenerCore> core_;
   fi_info *info_;
-  uint8_t data_[64];
+  uint8_t data_[kMaxPrivateData + kCqTagWireBytes];
   uint32_t len_;
+  uint32_t peer_tag_ = 0;
   bool accepted_ = false;
   bool rejected_ = false;
 };
@@ -125,6 +149,17 @@ class MsgDomain final : public FabricDomainBase {
 
   // An fi_info for an endpoint of `family` (src/dest addresses cleared).
   InfoPtr endpoint_info(int family) const;
+  // A CQ for a new endpoint: a queue of its own while the domain holds fewer
+  // than GPUSOCK_TCP_CQ_SHARE endpoints, else a place in the calling thread's
+  // shared queue (a new one when it has none with room). The queue and the
+  // endpoint's tag in it.
+  gs_status_t join_cq_group(const TxRing *ring, const CmMailbox *mailbox, std::shared_ptr<CqGroup> *group,
+                            uint32_t *tag);
+  // The endpoint's fid_ep is closed.
+  void leave_cq_group(CqGroup *group, uint32_t tag) {
+    group->leave(tag);
+    cq_members_.fetch_sub(1, std::memory_order_relaxed);
+  }
 
  private:
   void route(fid_t fid, RawCmEvent &&event);
@@ -138,6 +173,12 @@ class MsgDomain final : public FabricDomainBase {
   int eq_fd_ = -1;    // the EQ's wait object
   int stop_fd_ = -1;  // tells the CM thread to end
   std::thread cm_thread_;
+  std::mutex groups_mu_;
+  // Each thread's newest shared CQ (GPUSOCK_TCP_CQ_SHARE): a thread's
+  // connections share queues, so a sleep on one wakes only its own thread
+  // where each thread opens its own connections.
+  std::unordered_map<std::thread::id, std::weak_ptr<CqGroup>> thread_groups_;
+  std::atomic<uint32_t> cq_members_{0};  // endpoints in CQs, of their own or shared
 };
 
 }  // namespace gpusock::wire::fabric::msg

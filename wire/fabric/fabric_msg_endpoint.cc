@@ -2,6 +2,7 @@
 // how waiting works).
 #include "wire/fabric/fabric_msg.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -35,10 +36,14 @@ class MsgEndpoint final : public FabricEndpointBase {
   gs_status_t open_ep(fi_info *info);
   gs_status_t post_recvs(uint32_t count);
 
+  // Turns what the shared CQ held for us into completions.
+  int translate(const CqItem *items, int count, Completion *out);
+
   MsgDomain *domain_;
   fid_ep *ep_ = nullptr;
-  fid_cq *cq_ = nullptr;
-  int wait_fd_ = -1;  // the CQ's wait object (an epoll fd)
+  std::shared_ptr<CqGroup> cq_group_;  // the CQ this endpoint shares
+  uint32_t tag_ = 0;                   // our place in it
+  int wait_fd_ = -1;                   // the CQ's wait object (an epoll fd)
   CmMailbox mailbox_;
   bool registered_ = false;
   bool rx_cq_data_ = false;
@@ -59,18 +64,18 @@ gs_status_t MsgEndpoint::init() {
   rx_cq_data_ = domain_->rx_cq_data();
   gs_status_t ret = init_base(*domain_);
   if (ret < 0) return ret;
-  ret = domain_->open_endpoint_cq(&cq_, FI_WAIT_FD);
+  ret = domain_->join_cq_group(&ring_, &mailbox_, &cq_group_, &tag_);
   if (ret < 0) return ret;
-  ret = fi_status(fi_control(&cq_->fid, FI_GETWAIT, &wait_fd_));
-  mailbox_.wake_cq = cq_;  // before the mailbox is registered (open_ep)
-  return ret < 0 ? ret : 0;
+  wait_fd_ = cq_group_->wait_fd();
+  mailbox_.wake_cq = cq_group_->cq();  // before the mailbox is registered (open_ep)
+  return 0;
 }
 
 gs_status_t MsgEndpoint::open_ep(fi_info *info) {
   int ret = fi_endpoint(domain_->domain(), info, &ep_, nullptr);
   if (ret != 0) return fi_status(ret);
   ret = fi_ep_bind(ep_, &domain_->eq()->fid, 0);
-  if (ret == 0) ret = fi_ep_bind(ep_, &cq_->fid, FI_TRANSMIT | FI_RECV);
+  if (ret == 0) ret = fi_ep_bind(ep_, &cq_group_->cq()->fid, FI_TRANSMIT | FI_RECV);
   if (ret == 0) ret = fi_enable(ep_);
   if (ret != 0) return fi_status(ret);
   std::lock_guard<std::mutex> lock(domain_->cm_mutex());
@@ -82,6 +87,7 @@ gs_status_t MsgEndpoint::open_ep(fi_info *info) {
 gs_status_t MsgEndpoint::init_from_request(MsgConnectionRequest *request) {
   gs_status_t ret = open_ep(request->info());
   if (ret < 0) return ret;
+  peer_cq_tag_ = request->peer_tag();
   peer_record_len_ = request->private_len();
   std::memcpy(peer_record_, request->private_data(), peer_record_len_);
   return 0;
@@ -92,7 +98,10 @@ gs_status_t MsgEndpoint::start_accept(MsgConnectionRequest *request, const void 
   gs_status_t ret = post_recvs(deferred_recvs_);
   if (ret < 0) return ret;
   deferred_recvs_ = 0;
-  int rc = fi_accept(ep_, private_data, private_len);
+  uint8_t data[kMaxPrivateData + kCqTagWireBytes];
+  if (private_len > kMaxPrivateData) return -EINVAL;
+  const uint32_t len = append_cq_tag(private_data, private_len, tag_, data);
+  int rc = fi_accept(ep_, data, len);
   if (rc != 0) return fi_status(rc);
   request->mark_accepted();
   state_ = State::kAccepting;
@@ -109,7 +118,7 @@ MsgEndpoint::~MsgEndpoint() {
   for (RawCmEvent &event : mailbox_.events) {
     if (event.info != nullptr) fi_freeinfo(event.info);
   }
-  close_fid(cq_);
+  if (cq_group_) domain_->leave_cq_group(cq_group_.get(), tag_);  // after the fid_ep: nothing more comes for us
 }
 
 gs_status_t MsgEndpoint::connect(const sockaddr *addr, socklen_t len, const void *private_data, uint32_t private_len) {
@@ -124,7 +133,9 @@ gs_status_t MsgEndpoint::connect(const sockaddr *addr, socklen_t len, const void
   ret = post_recvs(deferred_recvs_);
   if (ret < 0) return ret;
   deferred_recvs_ = 0;
-  int rc = fi_connect(ep_, &peer, private_data, private_len);
+  uint8_t data[kMaxPrivateData + kCqTagWireBytes];
+  const uint32_t data_len = append_cq_tag(private_data, private_len, tag_, data);
+  int rc = fi_connect(ep_, &peer, data, data_len);
   if (rc == -FI_ECONNREFUSED) {
     // Refused synchronously: report it the way an asynchronous refusal is.
     RawCmEvent event;
@@ -160,15 +171,31 @@ gs_status_t MsgEndpoint::post_recv(uint32_t count) {
 gs_status_t MsgEndpoint::post_write(const WriteRequest &request) { return post_write_to(ep_, 0, request); }
 
 int MsgEndpoint::poll(Completion *out, int max) {
-  if (cq_ == nullptr || max <= 0) return 0;
-  int n = 0;
-  const int got = read_cq(
-      cq_, out, max, &n, [](const fi_cq_data_entry &) {},
-      [this](const fi_cq_err_entry &, bool) { cm_check_now_ = true; });  // the EQ may say why
+  if (!cq_group_ || max <= 0) return 0;
+  CqItem items[kCqBatch];
+  bool more = false;
+  const int got = cq_group_->take(tag_, items, std::min(max, kCqBatch), &more);
   if (got < 0) return got;
-  cq_dirty_ = got != 0;  // only an empty read says the CQ is empty
+  cq_dirty_ = more;  // only an empty read says the CQ is empty
+  int n = translate(items, got, out);
   if (!ring_.empty()) n += ring_.drain(out + n, max - n);
   delivered_ = delivered_ || n > 0;
+  return n;
+}
+
+int MsgEndpoint::translate(const CqItem *items, int count, Completion *out) {
+  int n = 0;
+  for (int i = 0; i < count; ++i) {
+    const CqItem &item = items[i];
+    if (item.status != 0) cm_check_now_ = true;  // the EQ may say why
+    if (item.unmatched) continue;
+    if (ring_.owns(item.context)) {
+      TxRing::complete(item.context, item.status);
+    } else if ((item.flags & FI_REMOTE_CQ_DATA) != 0) {
+      fill_recv_imm(item.data, item.len, length_in_data_, &out[n]);
+      out[n++].status = item.status;
+    }
+  }
   return n;
 }
 
@@ -193,7 +220,10 @@ int MsgEndpoint::poll_cm(CmEvent *out) {
     if (pump) {
       last_cm_check_ms_ = now;
       cm_check_now_ = false;
-      if (state_ == State::kEstablished) (void)fi_cq_read(cq_, nullptr, 0);  // progress only
+      bool more = false;
+      if (state_ == State::kEstablished && cq_group_->take(tag_, nullptr, 0, &more) >= 0) {
+        cq_dirty_ = cq_dirty_ || more;  // progress only: what it read waits for poll()
+      }
     }
   }
   RawCmEvent event;
@@ -207,8 +237,16 @@ int MsgEndpoint::poll_cm(CmEvent *out) {
           out->peer_private_len = peer_record_len_;
           std::memcpy(out->peer_private_data, peer_record_, peer_record_len_);
         } else {
-          out->peer_private_len = event.data_len;
-          std::memcpy(out->peer_private_data, event.data, event.data_len);
+          uint32_t len = event.data_len;
+          if (!split_cq_tag(event.data, &len, &peer_cq_tag_)) {
+            // No tag: not a gpusock peer of this version; our writes could not reach it.
+            out->kind = CmEventKind::kError;
+            out->status = -EPROTO;
+            state_ = State::kClosed;
+            return 1;
+          }
+          out->peer_private_len = len;
+          std::memcpy(out->peer_private_data, event.data, len);
         }
         state_ = State::kEstablished;
         return 1;
@@ -274,17 +312,19 @@ gs_status_t MsgEndpoint::peer_address(sockaddr_storage *out, socklen_t *len) con
 
 gs_status_t MsgEndpoint::arm_wait() {
   if (ring_.head_done()) return -EAGAIN;
-  // Resets the CQ's signal; -FI_EAGAIN when completions or received bytes
-  // wait (tcp progresses the socket on the way).
-  fid *cq_fid = &cq_->fid;
-  const int rc = fi_trywait(domain_->fabric(), &cq_fid, 1);
-  if (rc != 0) return rc == -FI_EAGAIN ? -EAGAIN : fi_status(rc);
-  // After the reset: a router counts before it signals (MsgDomain::deliver_locked).
+  // Reads the CQ once more (tcp progresses the sockets on the way): -EAGAIN
+  // when completions wait for us; else whoever routes to us later signals.
+  const int rc = cq_group_->arm(tag_);
+  if (rc != 0) return rc;
+  // After arming: a router counts before it signals (MsgDomain::deliver_locked).
   return mailbox_.pending.load(std::memory_order_seq_cst) != 0 ? -EAGAIN : 0;
 }
 
 bool MsgEndpoint::maybe_ready() const {
-  if (mailbox_.pending.load(std::memory_order_acquire) != 0 || ring_.head_done() || cq_dirty_) return true;
+  if (mailbox_.pending.load(std::memory_order_acquire) != 0 || ring_.head_done() || cq_dirty_ ||
+      cq_group_->has_items(tag_)) {
+    return true;
+  }
   // Connected or about to be: bytes may wait in the kernel's socket, and no
   // look without a system call sees them (tcp turns them into completions in
   // fi_cq_read).
@@ -298,7 +338,7 @@ bool MsgEndpoint::maybe_ready() const {
 // ring may complete without the fd saying so, hence ring_.empty().
 bool MsgEndpoint::quiet_unless_fd_readable() const {
   return state_ == State::kEstablished && !cq_dirty_ && !cm_check_now_ && ring_.empty() &&
-         mailbox_.pending.load(std::memory_order_acquire) == 0;
+         mailbox_.pending.load(std::memory_order_acquire) == 0 && !cq_group_->has_items(tag_);
 }
 
 }  // namespace

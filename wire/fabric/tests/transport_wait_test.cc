@@ -3,6 +3,7 @@
 // GPUSOCK_TEST_ADDR set (scripts/rdma-vm), verbs. A lost wake-up shows as a
 // sleep that runs into kSleepMs; nothing here asserts how long anything took.
 #include "test-support/sockets.h"
+#include "wire/config.h"
 #include "wire/fabric/tests/wait_test_helpers.h"
 #include "wire/transport.h"
 
@@ -14,6 +15,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <set>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -144,7 +146,10 @@ TEST_P(WaitTest, WaitFdsAreStable) {
   const int client_fd = pair.client->wait_fd();
   EXPECT_GE(client_fd, 0);
   EXPECT_GE(pair.server->wait_fd(), 0);
-  EXPECT_NE(client_fd, pair.server->wait_fd());
+  // fabric:tcp endpoints a thread opens share a CQ, and its wait fd.
+  if (std::strcmp(GetParam(), "fabric:tcp") != 0) {
+    EXPECT_NE(client_fd, pair.server->wait_fd());
+  }
   pair.client->disconnect();
   EXPECT_TRUE(sleep_until(pair.server.get(), &pair.server_seen, [&] { return pair.server_seen.closed(); }));
   EXPECT_EQ(pair.client->wait_fd(), client_fd);
@@ -366,6 +371,79 @@ TEST_P(WaitTest, MaybeReadyNeverHidesWork) {
     check(pair.client.get(), &pair.client_seen, "client closed");
     check(pair.server.get(), &pair.server_seen, "server closed");
   }
+}
+
+// Endpoints one thread opened (on fabric:tcp they share a CQ and its wait
+// fd), each then driven by a thread of its own that sleeps whenever it has
+// nothing to do: a ping-pong on every pair, every immediate in order, while
+// some pairs close half-way. Whoever reads a shared CQ routes what it finds
+// to its owner and wakes that owner's sleep: none stalls, none sees another's.
+TEST_P(WaitTest, EndpointsOfOneThreadDrivenBySleepingThreads) {
+  constexpr int kPairs = 12;
+  constexpr uint32_t kRounds = 200;
+  // fabric:tcp: every endpoint beyond the fourth shares a CQ with three more.
+  setenv("GPUSOCK_TCP_CQ_SHARE", "4", 1);
+  gpusock::config::reload();
+  std::vector<Pair> pairs(kPairs);
+  for (Pair &pair : pairs) ASSERT_NO_FATAL_FAILURE(connect_pair(&pair));
+  if (std::strcmp(GetParam(), "fabric:tcp") == 0) {
+    std::set<int> fds;
+    for (Pair &pair : pairs) fds.insert({pair.client->wait_fd(), pair.server->wait_fd()});
+    EXPECT_LE(fds.size(), 4u + (2 * kPairs - 4 + 3) / 4) << "CQs of their own for the first 4, then shared by 4";
+  }
+  std::atomic<int> failures{0};
+  auto drive = [&](Pair *pair, int index, bool client) {
+    Endpoint *ep = client ? pair->client.get() : pair->server.get();
+    Seen &seen = client ? pair->client_seen : pair->server_seen;
+    const uint32_t base = static_cast<uint32_t>(index) * 100000u + (client ? 0u : 50000u);
+    const uint32_t peer_base = static_cast<uint32_t>(index) * 100000u + (client ? 50000u : 0u);
+    const size_t offset = static_cast<size_t>(index) * 2 * 4096 + (client ? 4096 : 0);
+    const uint32_t rounds = index % 3 == 0 ? kRounds / 2 : kRounds;  // a third close half-way
+    auto send = [&](uint32_t i) {
+      gs_status_t rc;
+      while ((rc = ep->post_write(write(base + i, 64 + i % 200, base + i, offset))) == -EAGAIN) {
+        if (!nap(ep, &seen)) break;
+      }
+      return rc == 0;
+    };
+    auto receive = [&](uint32_t i) {
+      const uint32_t want = peer_base + i;
+      if (sleep_until(ep, &seen, [&] { return seen.count(CompletionKind::kRecvImm, want) == 1; })) return true;
+      ADD_FAILURE() << "pair " << index << (client ? " client" : " server") << ": immediate " << want << " lost";
+      return false;
+    };
+    for (uint32_t i = 0; i < rounds; ++i) {
+      const bool ok = client ? send(i) && receive(i) : receive(i) && send(i);
+      if (!ok) {
+        ++failures;
+        return;
+      }
+    }
+    // Nothing but our peer's immediates, in order.
+    uint32_t expect = peer_base;
+    for (const Completion &c : seen.completions) {
+      if (c.kind != CompletionKind::kRecvImm) continue;
+      if (c.imm != expect++ || c.status != 0) ++failures;
+    }
+    if (client && index % 3 == 0) ep->disconnect();
+  };
+  std::vector<std::thread> threads;
+  for (int p = 0; p < kPairs; ++p) {
+    threads.emplace_back(drive, &pairs[static_cast<size_t>(p)], p, true);
+    threads.emplace_back(drive, &pairs[static_cast<size_t>(p)], p, false);
+  }
+  for (auto &t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  // The pairs that closed go first; the others' ends still work after it.
+  for (int p = 0; p < kPairs; p += 3) pairs[static_cast<size_t>(p)] = Pair{};
+  for (int p = 1; p < kPairs; p += 3) {
+    Pair &pair = pairs[static_cast<size_t>(p)];
+    ASSERT_EQ(pair.client->post_write(write(7, 8, 7)), 0);
+    EXPECT_TRUE(sleep_until(pair.server.get(), &pair.server_seen,
+                            [&] { return pair.server_seen.count(CompletionKind::kRecvImm, 7) == 1; }));
+  }
+  unsetenv("GPUSOCK_TCP_CQ_SHARE");
+  gpusock::config::reload();
 }
 
 // (d) Two threads asleep on one wait fd both wake.
