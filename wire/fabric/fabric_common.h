@@ -240,6 +240,39 @@ const std::string &error_detail();
 
 constexpr int kCqBatch = 16;  // CQ entries read per fi_cq_read
 
+// One CQ entry as gpusock looks at it. status: 0, or the negative status of
+// an error entry.
+struct CqEntry {
+  void *context = nullptr;
+  uint64_t data = 0;
+  size_t len = 0;
+  uint64_t flags = 0;
+  int status = 0;
+};
+
+// One fi_cq_read of at most min(max, kCqBatch) entries, each given to
+// on_entry(const CqEntry &); when the read says an error entry waits, that
+// one instead. Returns the entries given, 0 when the CQ is empty, or < 0.
+template <class OnEntry>
+int read_cq_entries(fid_cq *cq, int max, OnEntry &&on_entry) {
+  fi_cq_data_entry entries[kCqBatch];
+  const ssize_t got = fi_cq_read(cq, entries, static_cast<size_t>(max < kCqBatch ? max : kCqBatch));
+  if (got > 0) {
+    for (ssize_t i = 0; i < got; ++i) {
+      const fi_cq_data_entry &e = entries[i];
+      on_entry(CqEntry{e.op_context, e.data, e.len, e.flags, 0});
+    }
+    return static_cast<int>(got);
+  }
+  if (got == -FI_EAGAIN) return 0;
+  if (got != -FI_EAVAIL) return fi_status(got);
+  fi_cq_err_entry err{};
+  if (fi_cq_readerr(cq, &err, 0) <= 0) return 0;
+  const int status = fi_status(-static_cast<int64_t>(err.err != 0 ? err.err : FI_EIO));
+  on_entry(CqEntry{err.op_context, err.data, err.len, err.flags, status});
+  return 1;
+}
+
 // What the MSG and RDM endpoints share: the connection state, the ordered
 // write ring, posting writes, and turning CQ entries into completions.
 class FabricEndpointBase : public Endpoint {
@@ -257,11 +290,23 @@ class FabricEndpointBase : public Endpoint {
   // once); others carry their ring slot as context.
   gs_status_t post_write_to(fid_ep *ep, fi_addr_t dest, const WriteRequest &request);
   gs_status_t post_delivered_write(fid_ep *ep, fi_addr_t dest, const WriteRequest &request);
-  // One fi_cq_read of at most min(max, kCqBatch) entries: writes carrying CQ
-  // data become kRecvImm completions in `out` (*produced of them), our writes
-  // are marked done in the ring, anything else goes to on_other(entry). An
-  // error entry is matched the same way (status from the error) and then
-  // given to on_error(err, matched). Returns the entries read, or < 0.
+  // One CQ entry, if it is ours: our write is marked done in the ring (0),
+  // a write carrying CQ data becomes a kRecvImm completion in *out (1), with
+  // the entry's status either way; -1 for anything else.
+  int take_entry(const CqEntry &entry, Completion *out) {
+    if (ring_.owns(entry.context)) {
+      TxRing::complete(entry.context, entry.status);
+      return 0;
+    }
+    if ((entry.flags & FI_REMOTE_CQ_DATA) == 0) return -1;
+    fill_recv_imm(entry.data, entry.len, length_in_data_, out);
+    out->status = entry.status;
+    return 1;
+  }
+  // One read_cq_entries of at most max entries, each through take_entry
+  // (*produced completions in out); what is not ours goes to on_other(entry),
+  // and an error entry, ours or not, then to on_error(entry, ours). Returns
+  // the entries read, or < 0.
   template <class OnOther, class OnError>
   int read_cq(fid_cq *cq, Completion *out, int max, int *produced, OnOther &&on_other, OnError &&on_error);
 
@@ -281,44 +326,18 @@ int FabricEndpointBase::read_cq(fid_cq *cq, Completion *out, int max, int *produ
                                 OnError &&on_error) {
   *produced = 0;
   if (max <= 0) return 0;
-  fi_cq_data_entry entries[kCqBatch];
-  const ssize_t got = fi_cq_read(cq, entries, static_cast<size_t>(max < kCqBatch ? max : kCqBatch));
-  if (got > 0) {
-    int n = 0;
-    for (ssize_t i = 0; i < got; ++i) {
-      const fi_cq_data_entry &entry = entries[i];
-      if ((entry.flags & FI_REMOTE_CQ_DATA) != 0) {
-        fill_recv_imm(entry.data, entry.len, length_in_data_, &out[n++]);
-      } else if (ring_.owns(entry.op_context)) {
-        TxRing::complete(entry.op_context, 0);
-      } else {
-        on_other(entry);
-      }
+  int n = 0;
+  const int got = read_cq_entries(cq, max, [&](const CqEntry &entry) {
+    const int taken = take_entry(entry, &out[n]);
+    n += taken > 0 ? 1 : 0;
+    if (entry.status != 0) {
+      on_error(entry, taken >= 0);
+    } else if (taken < 0) {
+      on_other(entry);
     }
-    *produced = n;
-    return static_cast<int>(got);
-  }
-  if (got == -FI_EAGAIN) return 0;
-  if (got != -FI_EAVAIL) return fi_status(got);
-  fi_cq_err_entry err{};
-  if (fi_cq_readerr(cq, &err, 0) <= 0) return 0;
-  const int status = fi_status(-static_cast<int64_t>(err.err != 0 ? err.err : FI_EIO));
-  bool matched = true;
-  if (ring_.owns(err.op_context)) {
-    TxRing::complete(err.op_context, status);
-  } else if ((err.flags & FI_REMOTE_CQ_DATA) != 0) {
-    Completion &c = out[0];
-    c.kind = CompletionKind::kRecvImm;
-    c.status = status;
-    c.token = 0;
-    c.imm = static_cast<uint32_t>(err.data);
-    c.length = 0;
-    *produced = 1;
-  } else {
-    matched = false;
-  }
-  on_error(err, matched);
-  return 1;
+  });
+  *produced = n;
+  return got;
 }
 
 // Socket address helpers.

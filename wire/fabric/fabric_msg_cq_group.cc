@@ -105,33 +105,18 @@ int CqGroup::arm(uint32_t tag) {
 }
 
 int CqGroup::read_locked(Taker *taker) {
-  fi_cq_data_entry entries[kCqBatch];
-  const ssize_t got = fi_cq_read(cq_, entries, kCqBatch);
-  if (got > 0) {
-    for (ssize_t i = 0; i < got; ++i) {
-      const fi_cq_data_entry &e = entries[i];
-      route_locked(CqItem{e.op_context, e.data, e.len, e.flags, 0, false}, taker);
-    }
-    return static_cast<int>(got);
-  }
-  if (got == -FI_EAGAIN) return 0;
-  if (got != -FI_EAVAIL) return fi_status(got);
-  fi_cq_err_entry err{};
-  if (fi_cq_readerr(cq_, &err, 0) <= 0) return 0;
-  const int status = fi_status(-static_cast<int64_t>(err.err != 0 ? err.err : FI_EIO));
-  route_locked(CqItem{err.op_context, err.data, err.len, err.flags, status, false}, taker);
-  return 1;
+  return read_cq_entries(cq_, kCqBatch, [&](const CqEntry &entry) { route_locked(CqItem{entry, false}, taker); });
 }
 
 CqGroup::Member *CqGroup::owner_locked(const CqItem &item) {
-  if ((item.flags & FI_REMOTE_CQ_DATA) != 0) {
-    const uint32_t tag = cq_data_tag(item.data);
+  if ((item.entry.flags & FI_REMOTE_CQ_DATA) != 0) {
+    const uint32_t tag = cq_data_tag(item.entry.data);
     if (tag < capacity_ && members_[tag].used) return &members_[tag];
   }
-  if (item.context != nullptr) {
+  if (item.entry.context != nullptr) {
     for (uint32_t tag = 0; tag < capacity_; ++tag) {
       Member &member = members_[tag];
-      if (member.used && member.ring->owns(item.context)) return &member;
+      if (member.used && member.ring->owns(item.entry.context)) return &member;
     }
   }
   // A queue of one member: everything is its (zero-length receives too).
@@ -149,7 +134,7 @@ void CqGroup::route_locked(const CqItem &item, Taker *taker) {
     }
     return;
   }
-  if (item.status == 0) return;  // a member's that left
+  if (item.entry.status == 0) return;  // a member's that left
   // An error nobody owns: every member looks at its connection.
   CqItem shown = item;
   shown.unmatched = true;

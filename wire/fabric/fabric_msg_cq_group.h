@@ -17,11 +17,7 @@ struct CmMailbox;
 
 // One completion, as its member takes it.
 struct CqItem {
-  void *context = nullptr;  // the op_context we posted (a TxRing slot), or null
-  uint64_t data = 0;        // remote CQ data
-  size_t len = 0;
-  uint64_t flags = 0;      // FI_REMOTE_CQ_DATA, ...
-  int status = 0;          // 0, or the negative status of an error completion
+  CqEntry entry;
   bool unmatched = false;  // an error no member owns, shown to every member
 };
 

@@ -187,14 +187,8 @@ int MsgEndpoint::translate(const CqItem *items, int count, Completion *out) {
   int n = 0;
   for (int i = 0; i < count; ++i) {
     const CqItem &item = items[i];
-    if (item.status != 0) cm_check_now_ = true;  // the EQ may say why
-    if (item.unmatched) continue;
-    if (ring_.owns(item.context)) {
-      TxRing::complete(item.context, item.status);
-    } else if ((item.flags & FI_REMOTE_CQ_DATA) != 0) {
-      fill_recv_imm(item.data, item.len, length_in_data_, &out[n]);
-      out[n++].status = item.status;
-    }
+    if (item.entry.status != 0) cm_check_now_ = true;  // the EQ may say why
+    if (!item.unmatched && take_entry(item.entry, &out[n]) > 0) ++n;
   }
   return n;
 }

@@ -308,16 +308,16 @@ int RdmEndpoint::process_cq(Completion *out, int max, int *produced) {
   };
   const int got = read_cq(
       shared_->cq, out, max, produced,
-      [&](const fi_cq_data_entry &entry) {  // a control message
-        const int index = (entry.flags & FI_RECV) != 0 ? ctrl_index(entry.op_context) : -1;
+      [&](const CqEntry &entry) {  // a control message
+        const int index = (entry.flags & FI_RECV) != 0 ? ctrl_index(entry.context) : -1;
         if (index < 0) return;
         const CtrlMsg msg = ctrl_bufs_[index];
         post_ctrl_buf(index);
         handle_ctrl(msg, entry.len);
       },
-      [&](const fi_cq_err_entry &err, bool matched) {
-        const int index = matched ? -1 : ctrl_index(err.op_context);
-        if (index >= 0 && err.err != FI_ECANCELED) post_ctrl_buf(index);
+      [&](const CqEntry &err, bool matched) {
+        const int index = matched ? -1 : ctrl_index(err.context);
+        if (index >= 0 && err.status != -ECANCELED) post_ctrl_buf(index);
       });
   cq_dirty_ = got != 0;  // only an empty read says the CQ is empty
   // Its commands consumed, its writes answered: the peer may sleep on that.
