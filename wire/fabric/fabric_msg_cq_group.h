@@ -42,7 +42,6 @@ class CqGroup {
   // A place is free (a member that left frees its place: nothing of it is
   // left in the queue, and its socket is closed).
   bool has_room();
-  uint32_t capacity() const { return capacity_; }
 
   // A new member's tag (the high bits of the CQ data its peer writes), or
   // -ENOSPC. `ring`: its writes' contexts; `mailbox`: its CM events (a
