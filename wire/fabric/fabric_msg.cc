@@ -20,28 +20,28 @@
 // fabric_msg.h (what they share), fabric_msg_endpoint.cc,
 // fabric_msg_cq_group.cc (shared CQs).
 //
-// Shared completion queues. A tcp CQ costs three file descriptors (an epoll
-// set and a socket pair for its signal) beside the endpoint's socket, so a
-// process short of descriptors may share them (GPUSOCK_TCP_CQ_SHARE = K > 1;
-// by default each endpoint has its own): while the domain holds fewer than K
-// endpoints each has a CQ of its own; beyond, a new endpoint joins the newest
-// CQ its thread opened that has room, K to a CQ. Sharing is not free in
-// libfabric 1.17: each read of a shared CQ progresses every member's socket,
-// and the CQ's fd wakes every thread asleep on any member (a server whose
-// accepting thread is not the one serving, a client that opens its
-// connections before handing them to threads). Each endpoint has a tag, its place in its CQ,
-// sent to the peer after the private data of its connection request or
-// accept; the peer's writes carry it in their CQ data (make_cq_data), as tcp
-// says nothing else of which endpoint a remote write came in on. Our own
-// writes are told apart by their context (a slot of one endpoint's ring).
-// Whoever reads a CQ (tcp progresses every member's socket inside the read)
-// routes what it read to its members under the CQ's mutex, in order; each
-// takes its own. A CQ of one endpoint works the same way.
+// Shared completion queues. A tcp CQ costs three file descriptors (an epoll set
+// and a socket pair for its signal) beside the endpoint's socket, so a process
+// short of descriptors may share them (GPUSOCK_TCP_CQ_SHARE = K > 1; by default
+// each endpoint has its own): while the domain holds fewer than K endpoints
+// each has a CQ of its own; beyond, a new endpoint joins the newest CQ its
+// thread opened that has room, K to a CQ. Sharing is not free in libfabric
+// 1.17: each read of a shared CQ progresses every member's socket, and the CQ's
+// fd wakes every thread asleep on any member (a server whose accepting thread
+// is not the one serving, a client that opens its connections before handing
+// them to threads). Each endpoint has a tag, its place in its CQ, sent to the
+// peer after the private data of its connection request or accept; the peer's
+// writes carry it in their CQ data (make_cq_data), as tcp says nothing else of
+// which endpoint a remote write came in on. Our own writes are told apart by
+// their context (a slot of one endpoint's ring). Whoever reads a CQ (tcp
+// progresses every member's socket inside the read) routes what it read to its
+// members under the CQ's mutex, in order; each takes its own. A CQ of one
+// endpoint works the same way.
 //
 // Data progress: tcp progresses sockets inside fi_cq_read (it runs epoll on the
-// CQ's wait set), so a peer's FI_SHUTDOWN is noticed by poll(), or by poll_cm()
-// which does a zero-entry fi_cq_read at most once per millisecond while
-// established.
+// CQ's wait set), so a peer's FI_SHUTDOWN is noticed by poll(), or by poll_cm(),
+// which reads the CQ (what it finds waits for poll()) at most once per 10 ms
+// while established.
 //
 // Waiting. Each CQ has an FI_WAIT_FD wait object: an epoll fd over its
 // members' sockets (POLLIN, and POLLOUT while sends are queued) and the CQ's
@@ -63,10 +63,11 @@
 // its set), and its arm_wait is fi_trywait on that EQ.
 //
 // Writes with an immediate are fi_writedata / fi_inject_writedata (inline and
-// <= 128 bytes); the 8-byte CQ data carries the immediate, the target's CQ
-// tag and the length, because tcp reports len 0 for a remote write. tcp needs no posted receive for them (mode
-// has no FI_RX_CQ_DATA); if a provider asked for it, post_recv would post that
-// many zero-length receives (deferred until the fid_ep exists).
+// <= 128 bytes); the 8-byte CQ data carries the immediate, the target's CQ tag
+// and the length, because tcp reports len 0 for a remote write. tcp needs no
+// posted receive for them (mode has no FI_RX_CQ_DATA); if a provider asked for
+// it, post_recv would post that many zero-length receives (deferred until the
+// fid_ep exists).
 //
 // A zero-length plain write (keepalive) goes over the wire: tcp sends an RMA
 // header and completes it locally once the socket took it, so it fails with
