@@ -4,12 +4,14 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sys/random.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstdio>
 #include <cstring>
+#include <random>
 #include <utility>
 
 #include <unistd.h>
@@ -238,6 +240,19 @@ gs_status_t FabricDomainBase::open_base(std::string *error) {
   return 0;
 }
 
+namespace {
+
+// 32 unpredictable bits (getrandom; a seeded generator of this thread's
+// where the kernel says no).
+uint32_t random_key() {
+  uint32_t key = 0;
+  if (getrandom(&key, sizeof key, GRND_NONBLOCK) == static_cast<ssize_t>(sizeof key)) return key;
+  thread_local std::mt19937 fallback{std::random_device{}()};
+  return static_cast<uint32_t>(fallback());
+}
+
+}  // namespace
+
 gs_status_t FabricDomainBase::register_memory(void *base, size_t length, unsigned access, MemoryRegion *out) {
   if (out == nullptr || (base == nullptr && length != 0)) return -EINVAL;
   uint64_t fi_access = FI_READ | FI_WRITE | FI_SEND | FI_RECV;
@@ -246,11 +261,13 @@ gs_status_t FabricDomainBase::register_memory(void *base, size_t length, unsigne
 
   fid_mr *mr = nullptr;
   int ret = -FI_ENOKEY;
-  // Keys come from a per-domain counter so that they fit the 32 bits the rsocket
-  // record carries; a key still in use (after wrap-around) is skipped.
+  // Keys are ours, 32 bits (what the rsocket record carries), and random: the
+  // providers check a remote write's key against every registration of the
+  // domain, not the connection's, so a peer must not be able to guess the
+  // keys of other connections' rings. A key in use is drawn again.
   for (int attempt = 0; attempt < 16 && ret == -FI_ENOKEY; ++attempt) {
-    uint64_t key = next_key_.fetch_add(1, std::memory_order_relaxed) & 0xffffffffu;
-    if (key == 0) key = next_key_.fetch_add(1, std::memory_order_relaxed) & 0xffffffffu;
+    uint32_t key = 0;
+    while (key == 0) key = random_key();
     ret = fi_mr_reg(domain_, base, length, fi_access, 0, key, 0, &mr, nullptr);
   }
   if (ret != 0) return fi_status(ret);

@@ -166,7 +166,6 @@ class FabricDomainBase : public Domain {
   bool rx_cq_data_ = false;
   uint32_t inject_size_ = 0;
   uint32_t inbound_capacity_ = UINT32_MAX;
-  std::atomic<uint64_t> next_key_{1};
 };
 
 // Opens a DomainT (FabricDomainBase + `open(error)`) into *out.

@@ -25,6 +25,7 @@
 #include <functional>
 #include <string>
 #include <thread>
+#include <set>
 #include <vector>
 
 using namespace gpusock::wire;
@@ -182,6 +183,26 @@ TEST_P(FabricTest, Caps) {
   EXPECT_EQ(ep->poll_cm(&ev), 0);
   WriteRequest w;
   EXPECT_EQ(ep->post_write(w), -ENOTCONN);
+}
+
+// The providers check a remote write's key against every registration of the
+// domain, so one connection's peer must not be able to guess the keys of
+// another's rings: keys are random, distinct and non-zero, not a sequence.
+TEST_P(FabricTest, MemoryKeysAreNotGuessable) {
+  constexpr int kRegions = 32;
+  std::vector<uint8_t> memory(kRegions * 64);
+  std::vector<MemoryRegion> regions(kRegions);
+  std::set<uint32_t> keys;
+  int consecutive = 0;
+  for (int i = 0; i < kRegions; ++i) {
+    ASSERT_EQ(domain_->register_memory(memory.data() + i * 64, 64, kAccessRemoteWrite, &regions[i]), 0);
+    EXPECT_NE(regions[i].rkey, 0u);
+    keys.insert(regions[i].rkey);
+    if (i > 0 && regions[i].rkey - regions[i - 1].rkey <= 16) ++consecutive;
+  }
+  EXPECT_EQ(keys.size(), static_cast<size_t>(kRegions));
+  EXPECT_LE(consecutive, 1) << "keys close to the one before: a sequence";
+  for (MemoryRegion &region : regions) domain_->deregister_memory(&region);
 }
 
 TEST_P(FabricTest, ConnectWriteDisconnect) {
