@@ -260,8 +260,9 @@ gs_status_t MsgDomain::join_cq_group(const TxRing *ring, const CmMailbox *mailbo
                                      uint32_t *tag) {
   const auto share = static_cast<uint32_t>(std::min<long>(config::get(config::Id::kTcpCqShare), CqGroup::kMaxMembers));
   std::shared_ptr<CqGroup> current;
-  // Zero-length receives (FI_RX_CQ_DATA) carry no tag: a queue each.
-  if (share <= 1 || rx_cq_data_ || cq_members_.load(std::memory_order_relaxed) < share) {
+  // Zero-length receives (FI_RX_CQ_DATA) carry no tag, and a tag needs the
+  // CQ data's high half: a queue each.
+  if (share <= 1 || rx_cq_data_ || !length_in_cq_data_ || cq_members_.load(std::memory_order_relaxed) < share) {
     gs_status_t ret = CqGroup::open(*this, 1, &current);
     if (ret < 0) return ret;
   } else {

@@ -53,8 +53,11 @@ int CqGroup::join(const TxRing *ring, const CmMailbox *mailbox) {
 
 void CqGroup::leave(uint32_t tag) {
   std::lock_guard lock(mu_);
-  // What the queue holds for the member goes with it; others' is routed.
-  for (int i = 0; i < 64 && read_locked(nullptr) == kCqBatch; ++i) {}
+  // What the queue holds for the member goes with it (closing its fid_ep put
+  // an error entry there for each of its writes still queued); others' is
+  // routed. Read to the end: an entry left behind would name a ring slot or a
+  // tag that a later member may take.
+  for (int i = 0; i < kLeaveReadsMax && read_locked(nullptr) > 0; ++i) {}
   Member &member = members_[tag];
   member.used = false;
   member.asleep = false;
@@ -79,7 +82,7 @@ int CqGroup::take(uint32_t tag, CqItem *out, int max, bool *more) {
   const int got = read_locked(&taker);
   self.count.store(static_cast<uint32_t>(self.items.size()), std::memory_order_release);
   wake_sleepers_locked();
-  *more = got == kCqBatch || !self.items.empty();
+  *more = got != 0 || !self.items.empty();  // only an empty read says the queue is empty
   return got < 0 && taker.n == 0 ? got : taker.n;
 }
 
@@ -150,24 +153,21 @@ void CqGroup::push_locked(Member &member, const CqItem &item) {
 
 bool CqGroup::wake_sleepers_locked() {
   bool owed = false;
+  bool make_way = false;
   for (uint32_t tag = 0; tag < capacity_; ++tag) {
     Member &member = members_[tag];
     if (!member.asleep) continue;
     const bool cm_waiting = member.mailbox != nullptr && member.mailbox->pending.load(std::memory_order_seq_cst) != 0;
     if (member.items.empty() && !cm_waiting) continue;
-    const uint64_t now = coarse_ms();
-    if (member.owed_since_ms == 0) {
-      member.owed_since_ms = now;
-    } else if (now - member.owed_since_ms > kOwedWakeMs) {
-      // Its thread woke and looks elsewhere: its next look finds them. The
-      // others stop making way for it.
-      member.asleep = false;
-      continue;
-    }
     owed = true;
+    // Others make way for it for a while; past that its thread looks at
+    // other things first, and only the signal stays.
+    const uint64_t now = coarse_ms();
+    if (member.owed_since_ms == 0) member.owed_since_ms = now;
+    if (now - member.owed_since_ms <= kOwedWakeMs) make_way = true;
   }
   if (owed) fi_cq_signal(cq_);
-  return owed;
+  return make_way;
 }
 
 }  // namespace gpusock::wire::fabric::msg

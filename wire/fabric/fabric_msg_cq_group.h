@@ -24,9 +24,12 @@ struct CqItem {
 class CqGroup {
  public:
   static constexpr uint32_t kMaxMembers = 1u << kCqTagBits;
-  // A member asleep with completions routed to it longer than this is taken
-  // for awake (its thread looks at other things first).
+  // How long the others make way (yield in arm) for a member asleep with
+  // completions routed to it; the queue stays signalled for it until it takes.
   static constexpr uint64_t kOwedWakeMs = 100;
+  // Reads of a leaving member's queue before it gives up on a queue others
+  // keep filling.
+  static constexpr int kLeaveReadsMax = 4096;
 
   CqGroup(const CqGroup &) = delete;
   CqGroup &operator=(const CqGroup &) = delete;
@@ -60,8 +63,9 @@ class CqGroup {
   // and returns -EAGAIN when completions wait for tag (take them first);
   // else marks tag asleep, so that whoever routes to it later signals the
   // queue, and returns 0. -EAGAIN too, after yielding the CPU, while another
-  // member sleeps with completions it has not yet taken: the queue's fd is
-  // readable for it, and our sleep would end at once.
+  // member has slept with completions it has not yet taken for less than
+  // kOwedWakeMs: the queue's fd is readable for it, and our sleep would end
+  // at once.
   int arm(uint32_t tag);
   // A look without a lock: completions wait for tag.
   bool has_items(uint32_t tag) const { return members_[tag].count.load(std::memory_order_acquire) != 0; }
@@ -94,7 +98,7 @@ class CqGroup {
   void push_locked(Member &member, const CqItem &item);
   // A read may have reset the queue's signal that woke a sleeper: signal
   // again while a sleeping member has completions or CM events waiting.
-  // True when it did.
+  // True while others should make way for such a member (kOwedWakeMs).
   bool wake_sleepers_locked();
 
   std::mutex mu_;

@@ -256,8 +256,9 @@ int MsgEndpoint::poll_cm(CmEvent *out) {
         out->status = -event.err;
         if (state_ == State::kConnecting) {
           out->kind = event.err == ECONNREFUSED ? CmEventKind::kRejected : CmEventKind::kError;
-          out->peer_private_len = event.data_len;
-          std::memcpy(out->peer_private_data, event.data, event.data_len);
+          // A refusal's data is the peer's: no more than the event holds.
+          out->peer_private_len = std::min<uint32_t>(event.data_len, sizeof(out->peer_private_data));
+          std::memcpy(out->peer_private_data, event.data, out->peer_private_len);
         } else if (state_ == State::kEstablished) {
           out->kind = CmEventKind::kDisconnected;
         } else {
