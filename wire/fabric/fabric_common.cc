@@ -83,10 +83,11 @@ gs_status_t FabricEndpointBase::init_base(const FabricDomainBase &domain) {
   return ring_.init(domain.info()->tx_attr->size);
 }
 
-gs_status_t FabricDomainBase::open_endpoint_cq(fid_cq **out, fi_wait_obj wait_obj, const fi_info *info) const {
+gs_status_t FabricDomainBase::open_endpoint_cq(fid_cq **out, fi_wait_obj wait_obj, const fi_info *info,
+                                               uint32_t endpoints) const {
   if (info == nullptr) info = info_.get();
   fi_cq_attr cq_attr{};
-  cq_attr.size = info->tx_attr->size + info->rx_attr->size;
+  cq_attr.size = (info->tx_attr->size + info->rx_attr->size) * endpoints;
   cq_attr.format = FI_CQ_FORMAT_DATA;
   cq_attr.wait_obj = wait_obj;
   return fi_status(fi_cq_open(domain_, &cq_attr, out, nullptr));

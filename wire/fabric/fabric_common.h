@@ -146,11 +146,11 @@ class FabricDomainBase : public Domain {
   // Endpoint::inbound_capacity of this domain's endpoints: the receive queue
   // where the provider row sizes it (shm), unbounded elsewhere.
   uint32_t inbound_capacity() const { return inbound_capacity_; }
-  // A CQ for one endpoint: data format, room for both of its queues, and
-  // `wait_obj` (FI_WAIT_FD: an fd to sleep on; FI_WAIT_NONE).
-  // Room for every completion of an endpoint opened with `info` (the
-  // domain's when null).
-  gs_status_t open_endpoint_cq(fid_cq **out, fi_wait_obj wait_obj, const fi_info *info = nullptr) const;
+  // A CQ for endpoints: data format, room for both queues of `endpoints`
+  // endpoints opened with `info` (the domain's when null), and `wait_obj`
+  // (FI_WAIT_FD: an fd to sleep on; FI_WAIT_NONE).
+  gs_status_t open_endpoint_cq(fid_cq **out, fi_wait_obj wait_obj, const fi_info *info = nullptr,
+                               uint32_t endpoints = 1) const;
 
  protected:
   explicit FabricDomainBase(const ProviderAttr &attr) : attr_(attr) {}

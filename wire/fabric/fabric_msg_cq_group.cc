@@ -15,12 +15,7 @@ gs_status_t CqGroup::open(const FabricDomainBase &domain, uint32_t capacity, std
   group->members_ = std::make_unique<Member[]>(capacity);
   // Room for every member's queues; beyond a few members tcp keeps what does
   // not fit on its overflow list.
-  fi_cq_attr cq_attr{};
-  const fi_info *info = domain.info();
-  cq_attr.size = (info->tx_attr->size + info->rx_attr->size) * std::min<uint32_t>(capacity, 8);
-  cq_attr.format = FI_CQ_FORMAT_DATA;
-  cq_attr.wait_obj = FI_WAIT_FD;
-  gs_status_t ret = fi_status(fi_cq_open(domain.domain(), &cq_attr, &group->cq_, nullptr));
+  gs_status_t ret = domain.open_endpoint_cq(&group->cq_, FI_WAIT_FD, nullptr, std::min<uint32_t>(capacity, 8));
   if (ret == 0) ret = fi_status(fi_control(&group->cq_->fid, FI_GETWAIT, &group->wait_fd_));
   if (ret < 0) return ret;
   *out = std::move(group);
