@@ -260,23 +260,26 @@ gs_status_t MsgDomain::join_cq_group(const TxRing *ring, const CmMailbox *mailbo
                                      uint32_t *tag) {
   const auto share = static_cast<uint32_t>(std::min<long>(config::get(config::Id::kTcpCqShare), CqGroup::kMaxMembers));
   std::shared_ptr<CqGroup> current;
+  int joined = -ENOSPC;
   // Zero-length receives (FI_RX_CQ_DATA) carry no tag, and a tag needs the
   // CQ data's high half: a queue each.
   if (share <= 1 || rx_cq_data_ || !length_in_cq_data_ || cq_members_.load(std::memory_order_relaxed) < share) {
     gs_status_t ret = CqGroup::open(*this, 1, &current);
     if (ret < 0) return ret;
+    joined = current->join(ring, mailbox);
   } else {
     std::lock_guard lock(groups_mu_);
     std::weak_ptr<CqGroup> &slot = thread_groups_[std::this_thread::get_id()];
     current = slot.lock();
-    if (!current || !current->here() || !current->has_room()) {
+    if (current && current->here()) joined = current->join(ring, mailbox);  // -ENOSPC when full
+    if (joined == -ENOSPC) {
       gs_status_t ret = CqGroup::open(*this, share, &current);
       if (ret < 0) return ret;
       slot = current;
       std::erase_if(thread_groups_, [](const auto &entry) { return entry.second.expired(); });
+      joined = current->join(ring, mailbox);
     }
   }
-  const int joined = current->join(ring, mailbox);
   if (joined < 0) return joined;
   cq_members_.fetch_add(1, std::memory_order_relaxed);
   *tag = static_cast<uint32_t>(joined);

@@ -26,11 +26,6 @@ CqGroup::~CqGroup() {
   if (creator_.here()) close_fid(cq_);
 }
 
-bool CqGroup::has_room() {
-  std::lock_guard lock(mu_);
-  return members_now_ < capacity_;
-}
-
 int CqGroup::join(const TxRing *ring, const CmMailbox *mailbox) {
   std::lock_guard lock(mu_);
   for (uint32_t tag = 0; tag < capacity_; ++tag) {
@@ -40,7 +35,6 @@ int CqGroup::join(const TxRing *ring, const CmMailbox *mailbox) {
     member.asleep = false;
     member.ring = ring;
     member.mailbox = mailbox;
-    ++members_now_;
     return static_cast<int>(tag);
   }
   return -ENOSPC;
@@ -60,7 +54,6 @@ void CqGroup::leave(uint32_t tag) {
   member.mailbox = nullptr;
   member.items.clear();
   member.count.store(0, std::memory_order_release);
-  --members_now_;
   wake_sleepers_locked();
 }
 

@@ -42,13 +42,12 @@ class CqGroup {
   // The queue's wait object: an epoll fd over its members' sockets and its signal.
   int wait_fd() const { return wait_fd_; }
   bool here() const { return creator_.here(); }
-  // A place is free (a member that left frees its place: nothing of it is
-  // left in the queue, and its socket is closed).
-  bool has_room();
 
   // A new member's tag (the high bits of the CQ data its peer writes), or
-  // -ENOSPC. `ring`: its writes' contexts; `mailbox`: its CM events (a
-  // sleeper is woken for them too).
+  // -ENOSPC when every place is taken (a member that left frees its place:
+  // nothing of it is left in the queue, and its socket is closed). `ring`:
+  // its writes' contexts; `mailbox`: its CM events (a sleeper is woken for
+  // them too).
   int join(const TxRing *ring, const CmMailbox *mailbox);
   // After the member's fid_ep is closed: reads what the queue still holds
   // (nothing more comes for it) and drops the member's part of it.
@@ -105,7 +104,6 @@ class CqGroup {
   fid_cq *cq_ = nullptr;
   int wait_fd_ = -1;
   uint32_t capacity_ = 0;
-  uint32_t members_now_ = 0;
   std::unique_ptr<Member[]> members_;
   Creator creator_;
 };
