@@ -22,7 +22,7 @@ constexpr size_t kMaxCmData = 256;  // tcp's TCPX_MAX_CM_DATA_SIZE
 // After the private data of a connection request and of its accept: the
 // sender's CQ tag (little-endian), which the peer's writes carry.
 constexpr uint32_t kCqTagWireBytes = 2;
-constexpr uint32_t kMaxPrivateData = 64;  // ProviderAttr::max_private_data
+constexpr uint32_t kMaxPrivateData = sizeof(CmEvent{}.peer_private_data);  // what caps_.max_private_data is capped at
 
 // private_data + our tag into out (kMaxPrivateData + kCqTagWireBytes bytes).
 inline uint32_t append_cq_tag(const void *private_data, uint32_t private_len, uint32_t tag, uint8_t *out) {
