@@ -98,8 +98,7 @@ gs_status_t MsgEndpoint::start_accept(MsgConnectionRequest *request, const void 
   gs_status_t ret = post_recvs(deferred_recvs_);
   if (ret < 0) return ret;
   deferred_recvs_ = 0;
-  uint8_t data[kMaxPrivateData + kCqTagWireBytes];
-  if (private_len > kMaxPrivateData) return -EINVAL;
+  uint8_t data[kMaxPrivateData + kCqTagWireBytes];  // accept_as held private_len to caps_.max_private_data
   const uint32_t len = append_cq_tag(private_data, private_len, tag_, data);
   int rc = fi_accept(ep_, data, len);
   if (rc != 0) return fi_status(rc);
