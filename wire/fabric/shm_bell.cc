@@ -124,14 +124,47 @@ int ring_connected(int sock) {
   return rc >= 0 ? 0 : -errno;
 }
 
-bool drain_bell_socket(int sock) {
+namespace {
+
+// Reads every datagram waiting on a bell socket, calling on_datagram(data,
+// len) for each, kBatch to a recvmmsg: fewer than kBatch means the queue was
+// empty after them, so a drain is one system call, not one per datagram plus
+// the EAGAIN that ends it. Whether any came; *emptied: the queue was seen
+// empty (false after an error other than EAGAIN).
+template <class OnDatagram>
+bool read_bell_datagrams(int sock, bool *emptied, OnDatagram on_datagram) {
+  constexpr unsigned kBatch = 8;
+  char buffers[kBatch][kMaxDatagram];
+  iovec iov[kBatch];
+  mmsghdr msgs[kBatch];
   bool any = false;
-  char buffer[kMaxDatagram];
   for (;;) {
-    const ssize_t n = recv(sock, buffer, sizeof(buffer), MSG_DONTWAIT);
-    if (n >= 0) any = true;
-    else if (errno != EINTR) return any;
+    for (unsigned i = 0; i < kBatch; ++i) {
+      iov[i] = {buffers[i], kMaxDatagram - 1};
+      msgs[i] = {};
+      msgs[i].msg_hdr.msg_iov = &iov[i];
+      msgs[i].msg_hdr.msg_iovlen = 1;
+    }
+    const int n = recvmmsg(sock, msgs, kBatch, MSG_DONTWAIT, nullptr);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      *emptied = errno == EAGAIN;
+      return any;
+    }
+    any = any || n > 0;
+    for (int i = 0; i < n; ++i) on_datagram(buffers[i], static_cast<size_t>(msgs[i].msg_len));
+    if (static_cast<unsigned>(n) < kBatch) {
+      *emptied = true;
+      return any;
+    }
   }
+}
+
+}  // namespace
+
+bool drain_bell_socket(int sock) {
+  bool emptied = false;
+  return read_bell_datagrams(sock, &emptied, [](const char *, size_t) {});
 }
 
 // --- our bell -------------------------------------------------------------------
@@ -168,23 +201,14 @@ bool Bell::open(const std::string &name, const HintBoard *board, int32_t slot) {
 
 bool Bell::drain() {
   if (sock_ < 0) return false;
-  bool any = false;
-  char buffer[kMaxDatagram];
-  for (;;) {
-    const ssize_t n = recv(sock_, buffer, sizeof(buffer) - 1, MSG_DONTWAIT);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      drained_ = errno == EAGAIN;
-      return any;
-    }
-    any = true;
-    if (n <= 1) continue;  // a wake-up
-    buffer[n] = '\0';
-    const std::string name(buffer, std::strlen(buffer));
+  return read_bell_datagrams(sock_, &drained_, [&](char *data, size_t len) {
+    if (len <= 1) return;  // a wake-up
+    data[len] = '\0';      // room kept: at most kMaxDatagram - 1 are read
+    const std::string name(data, std::strlen(data));
     ProcessId owner;
-    if (!parse_endpoint_name(name, &owner)) continue;  // not a request of ours
+    if (!parse_endpoint_name(name, &owner)) return;  // not a request of ours
     if (std::find(requesters_.begin(), requesters_.end(), name) == requesters_.end()) requesters_.push_back(name);
-  }
+  });
 }
 
 void Bell::collect_requests() {

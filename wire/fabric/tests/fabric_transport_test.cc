@@ -1,6 +1,7 @@
 // The libfabric transport, for real, over tcp (FI_EP_MSG) and shm (FI_EP_RDM).
 #include "wire/config.h"
 #include "wire/fabric/fabric_common.h"
+#include "wire/fabric/shm_bell.h"
 #include "wire/fabric/shm_names.h"
 #include "wire/transport.h"
 
@@ -1270,6 +1271,33 @@ void write_region_head(const std::string &name, pid_t pid) {
 }
 
 bool shm_exists(const std::string &name) { return access(("/dev/shm/" + name).c_str(), F_OK) == 0; }
+
+// A bell is read in batches (one recvmmsg for several wake-ups): a drain
+// takes everything queued, across batch boundaries, and leaves the socket
+// quiet; a drain of a quiet bell finds nothing. (A datagram socket queues
+// net.unix.max_dgram_qlen + 1 at most: 11 by default.)
+TEST(ShmBell, DrainTakesEveryQueuedWakeUpAndLeavesTheBellQuiet) {
+  const std::string path = "/dev/shm/" + shm::new_endpoint_name(nullptr) + ".bell";
+  const int bell = shm::bind_bell(path);
+  ASSERT_GE(bell, 0) << strerror(errno);
+  const int ringer = shm::open_ringer();
+  ASSERT_GE(ringer, 0);
+  int most = 0;
+  for (int wanted : {1, 7, 8, 9, 1000}) {
+    int queued = 0;
+    const char byte = 1;
+    while (queued < wanted && shm::send_to_bell(ringer, path, &byte, 1) == 0) ++queued;
+    most = std::max(most, queued);
+    EXPECT_TRUE(shm::drain_bell_socket(bell)) << queued;
+    pollfd p{bell, POLLIN, 0};
+    EXPECT_EQ(poll(&p, 1, 0), 0) << queued << " queued: some left";
+    EXPECT_FALSE(shm::drain_bell_socket(bell)) << queued;
+  }
+  EXPECT_GT(most, 8) << "no drain went past one batch";
+  close(ringer);
+  close(bell);
+  unlink(path.c_str());
+}
 
 TEST(ShmNames, NamesIdentifyTheProcess) {
   uint64_t seq1 = 0, seq2 = 0;
