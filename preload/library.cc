@@ -66,13 +66,13 @@ void load() {
   R(sendmsg);
   R(poll);
   R(wait_begin);
-  R(wait_end);
+  R(wait_end_polled);
   R(ready_set_create);
   R(ready_set_destroy);
   R(ready_set_ctl);
   R(ready_set_poll);
   R(ready_set_wait_begin);
-  R(ready_set_wait_end);
+  R(ready_set_wait_end_polled);
   R(spin_budget_us);
   R(spin_record);
   R(spin_yield);

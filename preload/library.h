@@ -25,13 +25,13 @@ struct Library {
   decltype(&::gs_sendmsg) sendmsg;
   decltype(&::gs_poll) poll;
   decltype(&::gs_wait_begin) wait_begin;
-  decltype(&::gs_wait_end) wait_end;
+  decltype(&::gs_wait_end_polled) wait_end_polled;
   decltype(&::gs_ready_set_create) ready_set_create;
   decltype(&::gs_ready_set_destroy) ready_set_destroy;
   decltype(&::gs_ready_set_ctl) ready_set_ctl;
   decltype(&::gs_ready_set_poll) ready_set_poll;
   decltype(&::gs_ready_set_wait_begin) ready_set_wait_begin;
-  decltype(&::gs_ready_set_wait_end) ready_set_wait_end;
+  decltype(&::gs_ready_set_wait_end_polled) ready_set_wait_end_polled;
   decltype(&::gs_spin_budget_us) spin_budget_us;
   decltype(&::gs_spin_record) spin_record;
   decltype(&::gs_spin_yield) spin_yield;

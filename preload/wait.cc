@@ -59,7 +59,8 @@ int emulated_poll(pollfd *fds, nfds_t nfds, const timespec *timeout, const sigse
 namespace {
 
 // One sleep of sleep_on_events, the gpusock side given by begin(wait, max)
-// and end() (gs_wait_begin/end over a list, or over a readiness set).
+// and end(slept, n) (gs_wait_begin/end over a list, or over a readiness
+// set; `slept`: the wait fds as ppoll left them).
 template <class Begin, class End>
 int sleep_on(Begin begin, End end, size_t gs_count, const std::vector<pollfd> &kern, const timespec *until,
              const timespec *step, const sigset_t *sigmask) {
@@ -87,7 +88,7 @@ int sleep_on(Begin begin, End end, size_t gs_count, const std::vector<pollfd> &k
   const int saved = errno;
   if (gs_count > 0) {
     Inside guard;
-    end();
+    end(fds.data(), static_cast<size_t>(n));
   }
   errno = saved;
   return r < 0 ? -1 : 0;
@@ -98,7 +99,8 @@ int sleep_on(Begin begin, End end, size_t gs_count, const std::vector<pollfd> &k
 int sleep_on_set(gs_ready_set_t *set, size_t members, const std::vector<pollfd> &kern, const timespec *until,
                  const timespec *step, const sigset_t *sigmask) {
   return sleep_on([&](pollfd *wait, size_t max) { return gs().ready_set_wait_begin(set, wait, max); },
-                  [&] { gs().ready_set_wait_end(set); }, set != nullptr ? members : 0, kern, until, step, sigmask);
+                  [&](const pollfd *slept, size_t n) { gs().ready_set_wait_end_polled(set, slept, n); },
+                  set != nullptr ? members : 0, kern, until, step, sigmask);
 }
 
 int sleep_on_events(const std::vector<pollfd> &gs_fds, const std::vector<pollfd> &kern, const timespec *until,
@@ -112,13 +114,14 @@ int sleep_on_events(const std::vector<pollfd> &gs_fds, const std::vector<pollfd>
     // fd before gpusock closes the socket).
     for (const pollfd &p : gs_fds)
       if (!is_gs(p.fd)) {
-        gs().wait_end(gs_fds.data(), gs_fds.size());
+        gs().wait_end_polled(gs_fds.data(), gs_fds.size(), nullptr, 0);
         return -EAGAIN;
       }
     return n;
   };
   return sleep_on(
-      begin, [&] { gs().wait_end(gs_fds.data(), gs_fds.size()); }, gs_fds.size(), kern, until, step, sigmask);
+      begin, [&](const pollfd *slept, size_t n) { gs().wait_end_polled(gs_fds.data(), gs_fds.size(), slept, n); },
+      gs_fds.size(), kern, until, step, sigmask);
 }
 
 // ------------------------------------------------------------------ blocking calls

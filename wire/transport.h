@@ -172,8 +172,11 @@ class SleepGroup {
   // Before sleeping: armed, then a full fence (take hints after it: a hint
   // that comes after either is taken or wakes the fd).
   virtual void arm() = 0;
-  // After sleeping: disarmed, and the fd's wake-ups read.
-  virtual void disarm() = 0;
+  // After sleeping, or instead of it: disarmed, and the fd's wake-ups read
+  // when `rung` (the sleep found fd() readable) or a waker took the armed
+  // word since arm(); a wake-up that comes later ends the next sleep early,
+  // whose poll finds it.
+  virtual void disarm(bool rung) = 0;
 };
 
 // A connection request seen by a listener, not yet accepted.

@@ -87,6 +87,11 @@ int gs_poll(struct pollfd *fds, nfds_t nfds, int timeout);
  * call gs_wait_end with the same fds after the sleep. */
 int gs_wait_begin(const struct pollfd *fds, nfds_t nfds, struct pollfd *wait, nfds_t max);
 void gs_wait_end(const struct pollfd *fds, nfds_t nfds);
+/* gs_wait_end after a sleep in poll(2) over gs_wait_begin's fds: `slept` is
+ * that array as poll left it (revents filled in), and only the wait fds it
+ * found readable are read -- a sleep that a socket's own fd ended makes no
+ * read of this thread's waker. */
+void gs_wait_end_polled(const struct pollfd *fds, nfds_t nfds, const struct pollfd *slept, nfds_t nslept);
 /* The spin-then-sleep policy of gpusock's own waits, for code that waits
  * itself: how long this thread should spin before sleeping (microseconds; it
  * may take one of the process's spin slots, at most GPUSOCK_MAX_SPINNERS,
@@ -130,6 +135,7 @@ int gs_ready_set_poll(gs_ready_set_t *set, struct pollfd *out, int max, int *all
  * pass first, so a thread with hundreds of idle members sleeps cheaply. */
 int gs_ready_set_wait_begin(gs_ready_set_t *set, struct pollfd *wait, nfds_t max);
 void gs_ready_set_wait_end(gs_ready_set_t *set);
+void gs_ready_set_wait_end_polled(gs_ready_set_t *set, const struct pollfd *slept, nfds_t nslept);
 
 int gs_getpeername(int socket, struct sockaddr *addr, socklen_t *addrlen);
 int gs_getsockname(int socket, struct sockaddr *addr, socklen_t *addrlen);

@@ -30,9 +30,11 @@ ShmSleepGroup::~ShmSleepGroup() {
   remove_at_exit(bell_ + kBellSuffix, false);
 }
 
-void ShmSleepGroup::disarm() {
-  armed().store(0, std::memory_order_relaxed);
-  drain_bell_socket(sock_);
+void ShmSleepGroup::disarm(bool rung) {
+  // A peer rings only after taking the word (exchanging it to 0): still ours,
+  // nobody rang since arm().
+  const bool taken = armed().exchange(0, std::memory_order_relaxed) == 0;
+  if (rung || taken) drain_bell_socket(sock_);
 }
 
 }  // namespace gpusock::wire::fabric::shm

@@ -29,9 +29,7 @@ class ShmSleepGroup final : public wire::SleepGroup {
     armed().store(1, std::memory_order_seq_cst);
     std::atomic_thread_fence(std::memory_order_seq_cst);
   }
-  // A ring that comes after the drain (a peer that took the word before we
-  // did) wakes the next sleep early, once.
-  void disarm() override;
+  void disarm(bool rung) override;
 
  private:
   ShmSleepGroup(std::shared_ptr<HintBoard> board, uint32_t group, int sock, std::string bell)

@@ -48,11 +48,15 @@ auto guarded(F f) -> decltype(f()) {
   }
 }
 
-// Unregisters this thread's waker from the sockets, and takes its wake-ups.
-void end_sleep(const std::vector<std::shared_ptr<StreamSocket>> &sockets) {
+// Unregisters this thread's waker from the sockets, and takes its wake-ups
+// (`slept`: the sleep's wait fds as poll(2) left them, if known; a waker not
+// found readable there is not read: a wake-up that came later ends the next
+// sleep at once, and that sleep reads it).
+void end_sleep(const std::vector<std::shared_ptr<StreamSocket>> &sockets, const pollfd *slept = nullptr,
+               size_t nslept = 0) {
   const int waker = gpusock::socket::thread_waker_fd();
   for (const auto &socket : sockets) socket->remove_sleeper(waker);
-  gpusock::socket::drain_thread_waker();
+  if (slept == nullptr || gpusock::socket::polled_readable(waker, slept, nslept)) gpusock::socket::drain_thread_waker();
 }
 
 void end_sleep(const std::vector<SleepMember> &members, size_t count) {
@@ -351,16 +355,18 @@ int gs_wait_begin(const struct pollfd *fds, nfds_t nfds, struct pollfd *wait, nf
   });
 }
 
-void gs_wait_end(const struct pollfd *fds, nfds_t nfds) {
+void gs_wait_end_polled(const struct pollfd *fds, nfds_t nfds, const struct pollfd *slept, nfds_t nslept) {
   guarded([&]() -> int {
     std::vector<std::shared_ptr<StreamSocket>> sockets;
     for (nfds_t i = 0; i < nfds; ++i)
       if (fds[i].fd >= 0)
         if (auto socket = Engine::get().find(fds[i].fd)) sockets.push_back(std::move(socket));
-    end_sleep(sockets);
+    end_sleep(sockets, slept, nslept);
     return 0;
   });
 }
+
+void gs_wait_end(const struct pollfd *fds, nfds_t nfds) { gs_wait_end_polled(fds, nfds, nullptr, 0); }
 
 struct gs_ready_set {
   gpusock::socket::ReadySet set;
@@ -391,14 +397,16 @@ int gs_ready_set_wait_begin(gs_ready_set_t *set, struct pollfd *wait, nfds_t max
   });
 }
 
-void gs_ready_set_wait_end(gs_ready_set_t *set) {
+void gs_ready_set_wait_end_polled(gs_ready_set_t *set, const struct pollfd *slept, nfds_t nslept) {
   if (set == nullptr) return;
   guarded([&] {
     std::vector<std::shared_ptr<StreamSocket>> armed;
-    if (set->set.end_sleep(&armed)) end_sleep(armed);
+    if (set->set.end_sleep(&armed, slept, nslept)) end_sleep(armed, slept, nslept);
     return 0;
   });
 }
+
+void gs_ready_set_wait_end(gs_ready_set_t *set) { gs_ready_set_wait_end_polled(set, nullptr, 0); }
 
 int gs_ready_set_poll(gs_ready_set_t *set, struct pollfd *out, int max, int *all) {
   if (set == nullptr || out == nullptr || max <= 0) return finish(-EINVAL);
@@ -498,7 +506,7 @@ int gs_poll(struct pollfd *fds, nfds_t nfds, int timeout) {
       ++sleeps;
       sleep_fds.insert(sleep_fds.end(), batch.begin(), batch.begin() + static_cast<long>(kernel_count));
       const int slept = gpusock::socket::sleep_on(sleep_fds, timeout_us);
-      if (!gs.empty()) gs_wait_end(gs.data(), gs.size());
+      if (!gs.empty()) gs_wait_end_polled(gs.data(), gs.size(), sleep_fds.data(), static_cast<nfds_t>(n));
       if (slept == -EINTR) {
         gpusock::socket::SpinBudget::record(waited_us);
         return finish(-EINTR);

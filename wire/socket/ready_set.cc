@@ -221,7 +221,7 @@ bool ReadySet::begin_sleep(std::vector<SleepMember> *out, int *group_fd) {
     refresh_group_locked();  // another set began watching a member meanwhile
   }
   if (take_hints_locked() > 0) {
-    if (group_ && sleepers_.empty()) group_->disarm();
+    if (group_ && sleepers_.empty()) group_->disarm(false);
     return false;
   }
   ++pass_;
@@ -243,7 +243,7 @@ bool ReadySet::begin_sleep(std::vector<SleepMember> *out, int *group_fd) {
   return true;
 }
 
-bool ReadySet::end_sleep(std::vector<std::shared_ptr<StreamSocket>> *armed) {
+bool ReadySet::end_sleep(std::vector<std::shared_ptr<StreamSocket>> *armed, const pollfd *slept, size_t nslept) {
   std::lock_guard lock(mu_);
   const int waker = thread_waker_fd();
   const auto it = std::find_if(sleepers_.begin(), sleepers_.end(), [&](const Sleeper &s) { return s.waker == waker; });
@@ -252,12 +252,13 @@ bool ReadySet::end_sleep(std::vector<std::shared_ptr<StreamSocket>> *armed) {
   sleepers_.erase(it);
   // The last sleeper reads the group's wake-ups: one read by another thread
   // would leave this one asleep with the word taken.
-  if (sleepers_.empty() && group_) group_->disarm();
+  if (sleepers_.empty() && group_) group_->disarm(slept == nullptr || polled_readable(group_->fd(), slept, nslept));
   return true;
 }
 
 void ReadySet::wake_sleepers_locked() {
-  for (const Sleeper &s : sleepers_) wake_waker(s.waker);
+  for (const Sleeper &s : sleepers_)
+    if (!is_own_waker(s.waker)) wake_waker(s.waker);
 }
 
 int ReadySet::poll(pollfd *out, int max, bool *all) {

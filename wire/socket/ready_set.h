@@ -72,9 +72,11 @@ class ReadySet {
   // False, and none, when hints came for members since the last pass (look
   // again instead). Call end_sleep() after a true, when the sleep is over or
   // was not taken: it gives back the sockets of *out (to unregister them),
-  // and says whether the thread was asleep here.
+  // and says whether the thread was asleep here. `slept`: the sleep's wait
+  // fds as poll(2) left them, if known: the group's wake-ups are read only
+  // when they say it was rung (or a waker took its word).
   bool begin_sleep(std::vector<SleepMember> *out, int *group_fd);
-  bool end_sleep(std::vector<std::shared_ptr<StreamSocket>> *armed);
+  bool end_sleep(std::vector<std::shared_ptr<StreamSocket>> *armed, const pollfd *slept = nullptr, size_t nslept = 0);
 
   // What the passes did (GPUSOCK_LOG=info prints the process's sums at exit).
   struct Stats {

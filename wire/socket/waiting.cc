@@ -60,7 +60,17 @@ void SleeperList::remove(int waker_fd) {
 }
 
 void SleeperList::wake_all() const {
-  for (int fd : fds_) wake_waker(fd);
+  // Not this thread's own: it is awake, and it looks again before it sleeps.
+  for (int fd : fds_)
+    if (fd != t_waker.fd) wake_waker(fd);
+}
+
+bool is_own_waker(int waker_fd) { return waker_fd >= 0 && waker_fd == t_waker.fd; }
+
+bool polled_readable(int fd, const pollfd *polled, size_t n) {
+  for (size_t i = 0; i < n; ++i)
+    if (polled[i].fd == fd) return polled[i].revents != 0;
+  return false;
 }
 
 int sleep_on(std::vector<pollfd> &fds, int64_t timeout_us) {

@@ -26,6 +26,10 @@ void drain_thread_waker();
 void forget_thread_waker_after_fork();
 // Wakes the thread whose waker is `waker_fd`.
 void wake_waker(int waker_fd);
+// Whether `waker_fd` is the calling thread's waker (which needs no wake-up).
+bool is_own_waker(int waker_fd);
+// Whether poll(2) found `fd` readable among `polled` (fds it filled in).
+bool polled_readable(int fd, const pollfd *polled, size_t n);
 
 // The wakers of the threads sleeping on one socket (guarded by its mutex).
 class SleeperList {
@@ -33,7 +37,7 @@ class SleeperList {
   void add(int waker_fd) { fds_.push_back(waker_fd); }
   void remove(int waker_fd);
   bool empty() const { return fds_.empty(); }
-  void wake_all() const;
+  void wake_all() const;  // but the calling thread
 
  private:
   std::vector<int> fds_;

@@ -14,6 +14,8 @@
 
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -228,7 +230,9 @@ TEST(ReadySet, SleepEndsWithNewsOnAnyMember) {
     });
     int woke = 0;
     if (n > 0) woke = ::poll(wait.data(), static_cast<nfds_t>(n), 10000);
-    gs_ready_set_wait_end(set);
+    // Odd rounds as the shim ends its sleeps: told what the poll found.
+    if (round % 2 == 1) gs_ready_set_wait_end_polled(set, wait.data(), static_cast<nfds_t>(n));
+    else gs_ready_set_wait_end(set);
     sender.join();
     EXPECT_GT(woke, 0) << "round " << round << ": the sleep ended only at its timeout";
     EXPECT_EQ(ready_fds(set, POLLIN, 1), std::set<int>{p.servers[static_cast<size_t>(who)]});
@@ -240,6 +244,73 @@ TEST(ReadySet, SleepEndsWithNewsOnAnyMember) {
     EXPECT_TRUE(ready_fds(set, POLLIN, 0).empty());
   }
   gs_ready_set_destroy(set);
+}
+
+namespace {
+
+// The wait fd of gs_wait_begin's that is this thread's waker (an eventfd).
+int waker_among(const pollfd *wait, int n) {
+  for (int i = 0; i < n; ++i) {
+    char link[64] = {};
+    const std::string path = "/proc/self/fd/" + std::to_string(wait[i].fd);
+    if (readlink(path.c_str(), link, sizeof link - 1) > 0 && std::string(link) == "anon_inode:[eventfd]")
+      return wait[i].fd;
+  }
+  return -1;
+}
+
+bool readable(int fd) {
+  pollfd p{fd, POLLIN, 0};
+  return ::poll(&p, 1, 0) == 1;
+}
+
+// gs_wait_begin over one socket, looking again while it refuses (a fresh
+// connection's own traffic), as a wait does.
+int begin_sleep_on(pollfd *socket, std::vector<pollfd> *wait) {
+  int n = -EAGAIN;
+  for (int tries = 0; tries < 1000 && n == -EAGAIN; ++tries) {
+    n = gs_wait_begin(socket, 1, wait->data(), wait->size());
+    if (n == -EAGAIN) {
+      pollfd look = *socket;
+      gs_poll(&look, 1, 1);
+    }
+  }
+  return n;
+}
+
+}  // namespace
+
+// gs_wait_end_polled reads only what the sleep's poll found readable: a
+// wake-up that came after the poll (another thread's progress on a socket
+// this thread sleeps on) stays, ends the next sleep at once, and is read
+// then; gs_wait_end reads it whatever the poll found.
+TEST(ReadySet, WakeUpAfterThePollEndsTheNextSleepAndIsReadThen) {
+  Pairs p(1);
+  ASSERT_TRUE(p.ok(1)) << gs_last_error();
+  pollfd socket{p.servers[0], POLLIN, 0};
+  std::vector<pollfd> wait(16);
+  int n = begin_sleep_on(&socket, &wait);
+  ASSERT_GT(n, 0) << n;
+  const int waker = waker_among(wait.data(), n);
+  ASSERT_GE(waker, 0) << "no eventfd among the wait fds";
+  ASSERT_EQ(eventfd_write(waker, 1), 0);  // as a waking thread does, after our poll
+  for (int i = 0; i < n; ++i) wait[static_cast<size_t>(i)].revents = 0;
+  gs_wait_end_polled(&socket, 1, wait.data(), static_cast<nfds_t>(n));
+  EXPECT_TRUE(readable(waker)) << "read though the poll had not found it";
+
+  n = begin_sleep_on(&socket, &wait);
+  ASSERT_GT(n, 0) << n;
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_GT(::poll(wait.data(), static_cast<nfds_t>(n), 10000), 0);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5)) << "the next sleep did not end at once";
+  gs_wait_end_polled(&socket, 1, wait.data(), static_cast<nfds_t>(n));
+  EXPECT_FALSE(readable(waker)) << "the sleep that found it did not read it";
+
+  n = begin_sleep_on(&socket, &wait);
+  ASSERT_GT(n, 0) << n;
+  ASSERT_EQ(eventfd_write(waker, 1), 0);
+  gs_wait_end(&socket, 1);
+  EXPECT_FALSE(readable(waker)) << "gs_wait_end left a wake-up";
 }
 
 namespace {
