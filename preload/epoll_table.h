@@ -39,6 +39,10 @@ struct EpollSet {
   std::vector<int> numbers;  // fds that refer to this instance
   std::atomic<int> gs_count{0};
   std::atomic<int> dormant_count{0};
+  // When a wait last asked the kernel about the kernel members (steady clock,
+  // ns): emulated_epoll_wait asks at most every kKernelLookEvery while it
+  // has gpusock events to return or spins.
+  std::atomic<int64_t> kernel_look_ns{0};
 };
 
 // With set.mu held: the entry of fd, or nullptr; adding and removing one.

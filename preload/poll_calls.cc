@@ -270,22 +270,39 @@ int real_epoll_wait(int epfd, epoll_event *events, int maxevents, const timespec
   return R.epoll_pwait(epfd, events, maxevents, static_cast<int>(std::min<long>(ms, INT32_MAX)), sigmask);
 }
 
+// How often a wait that has gpusock events to return, or spins, asks the
+// kernel about the kernel members: a look is a system call, and a spin or a
+// busy event loop asked at every step (memcached's workers: most of their
+// system calls). A wait's first look with no gpusock event asks always, so
+// a non-blocking wait misses nothing the kernel holds; a sleep polls the
+// real epoll fd beside the sockets' wait fds.
+constexpr int64_t kKernelLookEveryNs = 50000;
+
+bool kernel_look_due(EpollSet &set, bool must) {
+  const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+  if (!must && now - set.kernel_look_ns.load(std::memory_order_relaxed) < kKernelLookEveryNs) return false;
+  set.kernel_look_ns.store(now, std::memory_order_relaxed);
+  return true;
+}
+
 // An epoll wait with gpusock members: kernel members through the real epoll
 // fd, gpusock ones from the side table.
 int emulated_epoll_wait(int epfd, EpollSet *set, epoll_event *events, int maxevents, const timespec *timeout,
                         const sigset_t *sigmask) {
   const Real &R = real();
+  bool first = true;
   auto check = [&]() -> int {
     int n;
     {
       std::lock_guard lock(set->mu);
       n = collect_gs(*set, events, maxevents);
     }
-    if (n < maxevents) {
+    if (n < maxevents && kernel_look_due(*set, first && n == 0)) {
       const int k = R.epoll_wait(epfd, events + n, maxevents - n, 0);
       if (k < 0) return n > 0 ? n : -1;
       n += k;
     }
+    first = false;
     return n;
   };
   auto sleep = [&](const timespec *until, const timespec *step) -> int {
