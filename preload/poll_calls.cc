@@ -272,10 +272,11 @@ int real_epoll_wait(int epfd, epoll_event *events, int maxevents, const timespec
 
 // How often a wait that has gpusock events to return, or spins, asks the
 // kernel about the kernel members: a look is a system call, and a spin or a
-// busy event loop asked at every step (memcached's workers: most of their
-// system calls). A wait's first look with no gpusock event asks always, so
-// a non-blocking wait misses nothing the kernel holds; a sleep polls the
-// real epoll fd beside the sockets' wait fds.
+// busy event loop asked at every step (memcached's workers: the largest share of their
+// system calls). A wait's first look, and its look after each sleep, ask
+// always when no gpusock member is ready, so a non-blocking wait misses
+// nothing the kernel holds and a sleep that the real epoll fd (polled beside
+// the sockets' wait fds) ended finds what ended it.
 constexpr int64_t kKernelLookEveryNs = 50000;
 
 bool kernel_look_due(EpollSet &set, bool must) {
@@ -311,6 +312,9 @@ int emulated_epoll_wait(int epfd, EpollSet *set, epoll_event *events, int maxeve
       std::lock_guard lock(set->mu);
       ready = set->ready;
     }
+    // The look after a sleep asks the kernel: the real epoll fd may be what
+    // ended it, and skipping the look would sleep again at once.
+    first = true;
     return sleep_on_set(ready, static_cast<size_t>(set->gs_count.load()), {pollfd{epfd, POLLIN, 0}}, until, step,
                         sigmask);
   };

@@ -31,8 +31,10 @@ ShmSleepGroup::~ShmSleepGroup() {
 }
 
 void ShmSleepGroup::disarm(bool rung) {
-  // A peer rings only after taking the word (exchanging it to 0): still ours,
-  // nobody rang since arm().
+  // A peer rings only after taking the word (exchanging it to 0): still 1,
+  // nobody rang since the last arm(). A ring for an earlier arming that is
+  // still unread (another sleeper re-armed meanwhile) ends the next sleep
+  // early, once, and is read then.
   const bool taken = armed().exchange(0, std::memory_order_relaxed) == 0;
   if (rung || taken) drain_bell_socket(sock_);
 }

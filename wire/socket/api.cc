@@ -56,7 +56,9 @@ void end_sleep(const std::vector<std::shared_ptr<StreamSocket>> &sockets, const 
                size_t nslept = 0) {
   const int waker = gpusock::socket::thread_waker_fd();
   for (const auto &socket : sockets) socket->remove_sleeper(waker);
-  if (slept == nullptr || gpusock::socket::polled_readable(waker, slept, nslept)) gpusock::socket::drain_thread_waker();
+  // No wait fds polled (a transport without them: a timed step): read it.
+  if (slept == nullptr || nslept == 0 || gpusock::socket::polled_readable(waker, slept, nslept))
+    gpusock::socket::drain_thread_waker();
 }
 
 void end_sleep(const std::vector<SleepMember> &members, size_t count) {
@@ -72,6 +74,7 @@ int begin_sleep(const std::vector<SleepMember> &members, pollfd *wait, nfds_t ma
   gpusock::socket::SpinBudget::stop_spinning();  // about to sleep: the spin slot goes back
   const int waker = gpusock::socket::thread_waker_fd();
   if (waker < 0) return -errno;
+  (void)gpusock::socket::take_own_wake();
   std::vector<pollfd> look, out;
   for (const SleepMember &m : members) m.socket->list_wait_fds(&look);
   // Many wait fds: one poll(2) of them all first, and those found quiet are
@@ -92,6 +95,12 @@ int begin_sleep(const std::vector<SleepMember> &members, pollfd *wait, nfds_t ma
       return -EAGAIN;
     }
     no_fd |= armed == Armed::kNoFd;
+  }
+  // Arming a later member woke an earlier one (a socket listed twice, for
+  // reading and for writing): that news is for a look, not a sleep.
+  if (gpusock::socket::take_own_wake()) {
+    end_sleep(members, members.size());
+    return -EAGAIN;
   }
   if (no_fd) return 0;  // the sleepers stay registered until the sleep ends
   out.push_back({waker, POLLIN, 0});

@@ -29,6 +29,7 @@ thread_local int64_t t_spin_us = -1;   // -1: not yet set (starts at the ceiling
 thread_local bool t_spinning = false;  // holds one of the process's spin slots
 thread_local bool t_crowded = false;   // another thread ran on this core during this wait's spin
 thread_local std::chrono::steady_clock::time_point t_last_yield;  // or the spin's start
+thread_local bool t_woke_self = false;  // a wake-up of this thread's own waker was kept (take_own_wake)
 std::atomic<int> g_spinners{0};
 
 }  // namespace
@@ -60,12 +61,21 @@ void SleeperList::remove(int waker_fd) {
 }
 
 void SleeperList::wake_all() const {
-  // Not this thread's own: it is awake, and it looks again before it sleeps.
-  for (int fd : fds_)
-    if (fd != t_waker.fd) wake_waker(fd);
+  for (int fd : fds_) {
+    if (is_own_waker(fd)) note_own_wake();
+    else wake_waker(fd);
+  }
 }
 
 bool is_own_waker(int waker_fd) { return waker_fd >= 0 && waker_fd == t_waker.fd; }
+
+void note_own_wake() { t_woke_self = true; }
+
+bool take_own_wake() {
+  const bool woke = t_woke_self;
+  t_woke_self = false;
+  return woke;
+}
 
 bool polled_readable(int fd, const pollfd *polled, size_t n) {
   for (size_t i = 0; i < n; ++i)

@@ -26,8 +26,14 @@ void drain_thread_waker();
 void forget_thread_waker_after_fork();
 // Wakes the thread whose waker is `waker_fd`.
 void wake_waker(int waker_fd);
-// Whether `waker_fd` is the calling thread's waker (which needs no wake-up).
+// Whether `waker_fd` is the calling thread's waker. A thread does not write
+// its own: it is awake. Its own sleepers' lists name it only while it arms
+// the sockets of a sleep (gs_wait_begin), where a wake-up of a socket armed
+// earlier in the same sleep must still stop that sleep: note_own_wake()
+// keeps it, and take_own_wake() says (once) whether one was kept.
 bool is_own_waker(int waker_fd);
+void note_own_wake();
+bool take_own_wake();
 // Whether poll(2) found `fd` readable among `polled` (fds it filled in).
 bool polled_readable(int fd, const pollfd *polled, size_t n);
 
@@ -37,7 +43,7 @@ class SleeperList {
   void add(int waker_fd) { fds_.push_back(waker_fd); }
   void remove(int waker_fd);
   bool empty() const { return fds_.empty(); }
-  void wake_all() const;  // but the calling thread
+  void wake_all() const;  // the calling thread's: note_own_wake()
 
  private:
   std::vector<int> fds_;
