@@ -59,6 +59,7 @@ struct Options {
   int value_size = 64;
   double get_ratio = 0.9;
   int port = 24600;
+  int server_pid = 0;  // client mode: the server whose CPU the window reports
 } g_opt;
 
 struct Result {
@@ -67,6 +68,8 @@ struct Result {
   double seconds = 0;
   long ops = 0;
   double server_cpu_us_per_op = 0, client_cpu_us_per_op = 0;
+  // Over the measured window only (no start-up, connects or warm-up).
+  double server_window_cpu_us_per_op = 0, client_window_cpu_us_per_op = 0;
 };
 std::map<std::string, Result> g_results;
 
@@ -121,6 +124,30 @@ int connect_to(int port) {
 }
 
 constexpr int kKeys = 1000;
+
+// CPU time (µs) of this process, and of process `pid` (utime + stime from
+// /proc, in clock ticks), or -1.
+double own_cpu_us() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1e6 +
+         static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
+}
+
+double process_cpu_us(int pid) {
+  if (pid <= 0) return -1;
+  FILE *f = std::fopen(("/proc/" + std::to_string(pid) + "/stat").c_str(), "r");
+  if (f == nullptr) return -1;
+  char buf[1024];
+  const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+  std::fclose(f);
+  buf[n] = '\0';
+  const char *p = std::strrchr(buf, ')');  // the name may hold spaces
+  unsigned long utime = 0, stime = 0;
+  if (p == nullptr || std::sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &utime, &stime) != 2)
+    return -1;
+  return static_cast<double>(utime + stime) * 1e6 / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
 
 int run_client(int port) {
   const std::string value(static_cast<size_t>(g_opt.value_size), 'v');
@@ -177,11 +204,13 @@ int run_client(int port) {
   }
   all_ready.arrive_and_wait();
   usleep(300000);  // warm-up, not measured
+  const double server0 = process_cpu_us(g_opt.server_pid), client0 = own_cpu_us();
   const auto start = Clock::now();
   measure = true;
   std::this_thread::sleep_for(std::chrono::duration<double>(g_opt.seconds));
   measure = false;
   const double secs = std::chrono::duration<double>(Clock::now() - start).count();
+  const double server1 = process_cpu_us(g_opt.server_pid), client1 = own_cpu_us();
   stop = true;
   for (auto &th : threads) th.join();
   if (failed) {
@@ -204,6 +233,8 @@ int run_client(int port) {
   };
   std::fprintf(stdout, "result ops %ld seconds %.6f p50 %.2f p90 %.2f p99 %.2f p999 %.2f max %.2f\n", total, secs,
                pct(0.50), pct(0.90), pct(0.99), pct(0.999), all.back());
+  std::fprintf(stdout, "window_cpu_us server %.0f client %.0f\n",
+               server0 >= 0 && server1 >= 0 ? server1 - server0 : -1.0, client1 - client0);
   return 0;
 }
 
@@ -275,7 +306,8 @@ void BM_Memcached(benchmark::State &state, std::string transport, int port) {
                                        "--seconds=" + std::string(fmt),
                                        "--clients=" + std::to_string(g_opt.clients),
                                        "--value-size=" + std::to_string(g_opt.value_size),
-                                       "--get-ratio=" + std::to_string(g_opt.get_ratio)};
+                                       "--get-ratio=" + std::to_string(g_opt.get_ratio),
+                                       "--server-pid=" + std::to_string(mc)};
     const pid_t cl = spawn(client, env, out[1]);
     close(out[1]);
     std::string text;
@@ -313,6 +345,17 @@ void BM_Memcached(benchmark::State &state, std::string transport, int port) {
     r.client_cpu_us_per_op = cpu_us(client_ru) / static_cast<double>(r.ops);
     state.counters["server_cpu_us_per_op"] = r.server_cpu_us_per_op;
     state.counters["client_cpu_us_per_op"] = r.client_cpu_us_per_op;
+    // The same over the measured window alone (the client reads both).
+    double server_window = -1, client_window = -1;
+    if (const char *w = std::strstr(text.c_str(), "window_cpu_us ");
+        w != nullptr && std::sscanf(w, "window_cpu_us server %lf client %lf", &server_window, &client_window) == 2) {
+      if (server_window >= 0) {
+        r.server_window_cpu_us_per_op = server_window / static_cast<double>(r.ops);
+        state.counters["server_window_cpu_us_per_op"] = r.server_window_cpu_us_per_op;
+      }
+      r.client_window_cpu_us_per_op = client_window / static_cast<double>(r.ops);
+      state.counters["client_window_cpu_us_per_op"] = r.client_window_cpu_us_per_op;
+    }
     g_results[transport] = r;
   }
 }
@@ -351,6 +394,7 @@ bool take_option(const char *arg) {
   else if (const char *v = value("--value-size")) g_opt.value_size = std::max(1, std::atoi(v));
   else if (const char *v = value("--get-ratio")) g_opt.get_ratio = std::atof(v);
   else if (const char *v = value("--port")) g_opt.port = std::atoi(v);
+  else if (const char *v = value("--server-pid")) g_opt.server_pid = std::atoi(v);
   else return false;
   return true;
 }

@@ -63,7 +63,8 @@ def parse_threads(cell, raw):
             msg = b.get("error_message") or b.get("skip_message") or "skipped"
             return None, " ".join(msg.split())[:400]
         m = {k: b[k] for k in ("ops_per_s", "p50_us", "p90_us", "p99_us", "p999_us", "max_us",
-                               "server_cpu_us_per_op", "client_cpu_us_per_op") if k in b}
+                               "server_cpu_us_per_op", "client_cpu_us_per_op",
+                               "server_window_cpu_us_per_op", "client_window_cpu_us_per_op") if k in b}
         m["p99_exact"] = True
         return m, None
     return None, f"exit {cell.get('rc')}, no BM_Memcached row: {tail(os.path.join(raw, cell['log']))}"
@@ -206,7 +207,8 @@ def summarize(cells, meta):
                        "failed": len(group) - len(ok) - len(not_run), "not_run": len(not_run),
                        "failures": [f"rep {c['rep']}: {c['why']}" for c in group if not c["ok"]]}
                 for k in ("ops_per_s", "p50_us", "p99_us", "avg_us", "server_cpu_us_per_op",
-                          "client_cpu_us_per_op", "fds_per_conn"):
+                          "client_cpu_us_per_op", "server_window_cpu_us_per_op", "client_window_cpu_us_per_op",
+                          "fds_per_conn"):
                     row[k] = median([c.get(k) for c in ok])
                 row["p99_exact"] = all(c.get("p99_exact") for c in ok) if ok else None
                 if t != KERNEL:
@@ -382,8 +384,9 @@ def main():
               "notes": ["ratios: median over repetitions of gpusock / kernel TCP, cells measured side by side",
                         "memaslap p50/p99: estimated inside log2 buckets (p99_exact false); avg_us is exact",
                         "fds_per_conn: (server fds at full load - fds of an idle server) / connections",
-                        "threads cpu: bench_memcached's whole-process CPU per op; memaslap cpu: server during "
-                        "the client's run, client over its life"]}
+                        "threads cpu: bench_memcached's whole-process CPU per op, and *_window_cpu_us_per_op "
+                        "over the measured window alone; memaslap cpu: server during the client's run, client "
+                        "over its life"]}
     os.makedirs(args.out, exist_ok=True)
     json_path = os.path.join(args.out, f"conn-sweep-{args.tag}.json")
     with open(json_path, "w") as f:
