@@ -474,8 +474,8 @@ static int epoll_mix(int port) {
     ++calls;
     for (int i = 0; i < n; ++i) both |= (unsigned)got[i].data.u64;
   }
-  CHECK(both == (T_ACCEPTED | T_UNIX), "a kernel member is reported beside an always-ready gpusock one (%d calls, %.1f ms)",
-        calls, now_ms() - t0);
+  CHECK(both == (T_ACCEPTED | T_UNIX),
+        "a kernel member is reported beside an always-ready gpusock one (%d calls, %.1f ms)", calls, now_ms() - t0);
   close(ep2);
   drain(u[0]);
   drain(s);
