@@ -57,8 +57,7 @@ void end_sleep(const std::vector<std::shared_ptr<StreamSocket>> &sockets, const 
   const int waker = gpusock::socket::thread_waker_fd();
   for (const auto &socket : sockets) socket->remove_sleeper(waker);
   // No wait fds polled (a transport without them: a timed step): read it.
-  if (slept == nullptr || nslept == 0 || gpusock::socket::polled_readable(waker, slept, nslept))
-    gpusock::socket::drain_thread_waker();
+  if (gpusock::socket::polled_readable(waker, slept, nslept)) gpusock::socket::drain_thread_waker();
 }
 
 void end_sleep(const std::vector<SleepMember> &members, size_t count) {

@@ -252,16 +252,12 @@ bool ReadySet::end_sleep(std::vector<std::shared_ptr<StreamSocket>> *armed, cons
   sleepers_.erase(it);
   // The last sleeper reads the group's wake-ups: one read by another thread
   // would leave this one asleep with the word taken.
-  if (sleepers_.empty() && group_)
-    group_->disarm(slept == nullptr || nslept == 0 || polled_readable(group_->fd(), slept, nslept));
+  if (sleepers_.empty() && group_) group_->disarm(polled_readable(group_->fd(), slept, nslept));
   return true;
 }
 
 void ReadySet::wake_sleepers_locked() {
-  for (const Sleeper &s : sleepers_) {
-    if (is_own_waker(s.waker)) note_own_wake();
-    else wake_waker(s.waker);
-  }
+  for (const Sleeper &s : sleepers_) wake_sleeper(s.waker);
 }
 
 int ReadySet::poll(pollfd *out, int max, bool *all) {

@@ -61,15 +61,13 @@ void SleeperList::remove(int waker_fd) {
 }
 
 void SleeperList::wake_all() const {
-  for (int fd : fds_) {
-    if (is_own_waker(fd)) note_own_wake();
-    else wake_waker(fd);
-  }
+  for (int fd : fds_) wake_sleeper(fd);
 }
 
-bool is_own_waker(int waker_fd) { return waker_fd >= 0 && waker_fd == t_waker.fd; }
-
-void note_own_wake() { t_woke_self = true; }
+void wake_sleeper(int waker_fd) {
+  if (waker_fd >= 0 && waker_fd == t_waker.fd) t_woke_self = true;
+  else wake_waker(waker_fd);
+}
 
 bool take_own_wake() {
   const bool woke = t_woke_self;
@@ -78,6 +76,7 @@ bool take_own_wake() {
 }
 
 bool polled_readable(int fd, const pollfd *polled, size_t n) {
+  if (polled == nullptr || n == 0) return true;
   for (size_t i = 0; i < n; ++i)
     if (polled[i].fd == fd) return polled[i].revents != 0;
   return false;

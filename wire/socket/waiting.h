@@ -26,15 +26,15 @@ void drain_thread_waker();
 void forget_thread_waker_after_fork();
 // Wakes the thread whose waker is `waker_fd`.
 void wake_waker(int waker_fd);
-// Whether `waker_fd` is the calling thread's waker. A thread does not write
-// its own: it is awake. Its own sleepers' lists name it only while it arms
-// the sockets of a sleep (gs_wait_begin), where a wake-up of a socket armed
-// earlier in the same sleep must still stop that sleep: note_own_wake()
-// keeps it, and take_own_wake() says (once) whether one was kept.
-bool is_own_waker(int waker_fd);
-void note_own_wake();
+// wake_waker for a sleeper of a socket or set, but the calling thread's own
+// waker is not written: the thread is awake. Sleepers' lists name it only
+// while it arms the sockets of a sleep (gs_wait_begin), where a wake-up of a
+// socket armed earlier in the same sleep must still stop that sleep: the
+// wake-up is kept, and take_own_wake() says (once) whether one was.
+void wake_sleeper(int waker_fd);
 bool take_own_wake();
-// Whether poll(2) found `fd` readable among `polled` (fds it filled in).
+// Whether a sleep's poll(2) may have found `fd` readable: what it left in
+// `polled` (n fds) says, and with none known (null, or no fds polled) it may.
 bool polled_readable(int fd, const pollfd *polled, size_t n);
 
 // The wakers of the threads sleeping on one socket (guarded by its mutex).
@@ -43,7 +43,7 @@ class SleeperList {
   void add(int waker_fd) { fds_.push_back(waker_fd); }
   void remove(int waker_fd);
   bool empty() const { return fds_.empty(); }
-  void wake_all() const;  // the calling thread's: note_own_wake()
+  void wake_all() const;  // wake_sleeper for each
 
  private:
   std::vector<int> fds_;
