@@ -18,6 +18,8 @@
 //   --value-size=B         bytes per value (64)
 //   --get-ratio=R          share of gets (0.9)
 //   --port=P               first port; each transport uses its own (24600)
+#include "test-support/resources.h"
+
 #include <benchmark/benchmark.h>
 
 #include <arpa/inet.h>
@@ -125,28 +127,23 @@ int connect_to(int port) {
 
 constexpr int kKeys = 1000;
 
-// CPU time (µs) of this process, and of process `pid` (utime + stime from
-// /proc, in clock ticks), or -1.
-double own_cpu_us() {
-  rusage ru{};
-  getrusage(RUSAGE_SELF, &ru);
+// CPU time (µs): of a finished process's rusage, of this process, and of
+// process `pid` from /proc (-1 when it cannot be read).
+double cpu_us(const rusage &ru) {
   return static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1e6 +
          static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
 }
 
+double own_cpu_us() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return cpu_us(ru);
+}
+
 double process_cpu_us(int pid) {
-  if (pid <= 0) return -1;
-  FILE *f = std::fopen(("/proc/" + std::to_string(pid) + "/stat").c_str(), "r");
-  if (f == nullptr) return -1;
-  char buf[1024];
-  const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
-  std::fclose(f);
-  buf[n] = '\0';
-  const char *p = std::strrchr(buf, ')');  // the name may hold spaces
-  unsigned long utime = 0, stime = 0;
-  if (p == nullptr || std::sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &utime, &stime) != 2)
-    return -1;
-  return static_cast<double>(utime + stime) * 1e6 / static_cast<double>(sysconf(_SC_CLK_TCK));
+  gpusock::test::StatTicks ticks;
+  if (pid <= 0 || !gpusock::test::read_stat_ticks("/proc/" + std::to_string(pid) + "/stat", &ticks)) return -1;
+  return static_cast<double>(ticks.utime + ticks.stime) * 1e6 / static_cast<double>(sysconf(_SC_CLK_TCK));
 }
 
 int run_client(int port) {
@@ -337,10 +334,6 @@ void BM_Memcached(benchmark::State &state, std::string transport, int port) {
     state.counters["max_us"] = r.max_us;
     // CPU time of each process over its whole life (start-up and warm-up
     // included), per measured operation: busy-polling shows up here.
-    auto cpu_us = [](const rusage &ru) {
-      return (static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1e6 +
-              static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec));
-    };
     r.server_cpu_us_per_op = cpu_us(server_ru) / static_cast<double>(r.ops);
     r.client_cpu_us_per_op = cpu_us(client_ru) / static_cast<double>(r.ops);
     state.counters["server_cpu_us_per_op"] = r.server_cpu_us_per_op;
