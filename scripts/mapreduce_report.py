@@ -67,12 +67,14 @@ def points_of(runs):
 
 def link_table(rows):
     """Labels are SIDE-SCOPE-KIND (gpu-processes-stream, cpu-processes-x4-stream,
-    gpu-inprocess-rtt): per scope, GPU against CPU (the CPU processes' figure
-    where the CPU has none of that scope)."""
+    gpu-inprocess-rtt, copy-peer-stream): per scope, GPU against CPU (the CPU
+    processes' figure where the CPU has none of that scope) and against the
+    CUDA runtime's peer copy between the two GPUs, where it ran."""
     by = {}
     for r in rows:
         side, *scope, kind = r["label"].split("-")
         by[(side, "-".join(scope), kind)] = r
+    copy, copy_rtt = by.get(("copy", "peer", "stream")), by.get(("copy", "peer", "rtt"))
     out = {}
     for scope in sorted({k[1] for k in by if k[0] == "gpu"}, key=lambda s: (s != "processes", s)):
         cpu_scope = scope if ("cpu", scope, "stream") in by else scope.replace("inprocess", "processes")
@@ -82,7 +84,9 @@ def link_table(rows):
             "gpu_MBps": g["MBps"] if g else None, "cpu_MBps": c["MBps"] if c else None,
             "stream_ratio": g["MBps"] / c["MBps"] if g and c and c["MBps"] else None,
             "gpu_rtt_us": gr["rtt_us"] if gr else None, "cpu_rtt_us": cr["rtt_us"] if cr else None,
-            "ok": all(x is None or (x["error"] == "" and x["bad"] == 0) for x in (g, c, gr, cr)),
+            "copy_MBps": copy["MBps"] if copy else None, "copy_rtt_us": copy_rtt["rtt_us"] if copy_rtt else None,
+            "copy_ratio": g["MBps"] / copy["MBps"] if g and copy and copy["MBps"] else None,
+            "ok": all(x is None or (x["error"] == "" and x["bad"] == 0) for x in (g, c, gr, cr, copy, copy_rtt)),
         }
     return out
 
@@ -179,12 +183,15 @@ def main():
             print(f"target {job} on {n}: speed-up {r['speedup']:.2f} >= {TARGET_EFFICIENCY * n:.2f}: {met} "
                   f"(GPUnet on 4 GPUs: {GPUNET_EFFICIENCY.get(job, 0) * 4:.2f})")
     if links:
-        print(f"\n== link, {a.transport}: GPU to GPU against CPU to CPU")
-        print(f"{'where':<14} {'GPU MB/s':>9} {'CPU MB/s':>9} {'ratio':>6} {'GPU rtt us':>10} {'CPU rtt us':>10}")
+        print(f"\n== link, {a.transport}: GPU to GPU against CPU to CPU, and the CUDA runtime's peer copy")
+        print(f"{'where':<14} {'GPU MB/s':>9} {'CPU MB/s':>9} {'ratio':>6} {'GPU rtt us':>10} {'CPU rtt us':>10} "
+              f"{'copy MB/s':>10} {'of copy':>7} {'copy rtt us':>11}")
         for scope, row in links.items():
             print(f"{scope:<14} {fmt(row['gpu_MBps'], '9.1f'):>9} {fmt(row['cpu_MBps'], '9.1f'):>9} "
                   f"{fmt(row['stream_ratio'], '6.2f'):>6} {fmt(row['gpu_rtt_us'], '10.2f'):>10} "
-                  f"{fmt(row['cpu_rtt_us'], '10.2f'):>10}{'' if row['ok'] else '  (a check failed)'}")
+                  f"{fmt(row['cpu_rtt_us'], '10.2f'):>10} {fmt(row['copy_MBps'], '10.1f'):>10} "
+                  f"{fmt(row['copy_ratio'], '7.4f'):>7} {fmt(row['copy_rtt_us'], '11.2f'):>11}"
+                  f"{'' if row['ok'] else '  (a check failed)'}")
             if row["stream_ratio"] is not None:
                 met = "met" if row["stream_ratio"] >= TARGET_STREAM else "not met"
                 print(f"target GPU stream >= {TARGET_STREAM} x CPU ({scope}): {met}")

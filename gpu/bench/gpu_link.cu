@@ -1,7 +1,9 @@
 // gpu_link: one end of a GPU-to-GPU link (a stream whose every byte is
 // checked, or a ping-pong), run as a kernel on one GPU of this process, or
 // both ends in one process on two GPUs, or, with --cpu, the same bytes on
-// gpusock's CPU sockets (gs_*): the CPU-to-CPU baseline on the same transport.
+// gpusock's CPU sockets (gs_*): the CPU-to-CPU baseline on the same transport;
+// or the same bytes copied by the CUDA runtime between two GPUs of this
+// process, no socket at all: the link's ceiling (gpu_link_copy.cuh).
 //
 //   gpu_link [options] recv PORT     listen, take one stream, check it, answer
 //   gpu_link [options] send PORT     connect, send --bytes, read the answer
@@ -9,6 +11,8 @@
 //   gpu_link [options] ping PORT     connect, --rounds round trips of --size bytes
 //   gpu_link [options] pair-stream PORT | pair-ping PORT
 //                                    both ends in this process: GPU 0 listens, GPU 1 connects
+//   gpu_link [options] copy-stream 0 | copy-ping 0
+//                                    cudaMemcpyPeerAsync from --gpu to the next GPU
 // options: --bytes N [64 MiB] --window N [1 MiB] --seed N [7] --size N [64]
 //          --rounds N [1000] --addr A [127.0.0.1] --gpu I [0] (the CUDA device;
 //          pair-*: the first of two, shared when only one exists) --threads N
@@ -17,6 +21,7 @@
 //          --host-backend --cpu --label L --json FILE (appends one line)
 // The transport is GPUSOCK_TRANSPORT's. Prints one "gpu_link ..." line; exit 0
 // when nothing failed and every byte was right.
+#include "gpu/bench/gpu_link_copy.cuh"
 #include "gpu/bench/gpu_link_kernels.cuh"
 #include "test-support/gs_sockets.h"
 #include "test-support/timing.h"
@@ -48,7 +53,10 @@ struct Args {
   std::string label, json;
 };
 
-bool is_stream(const std::string &role) { return role == "recv" || role == "send" || role == "pair-stream"; }
+bool is_stream(const std::string &role) {
+  return role == "recv" || role == "send" || role == "pair-stream" || role == "copy-stream";
+}
+bool is_copy(const std::string &role) { return role.rfind("copy-", 0) == 0; }
 bool listens(const std::string &role) { return role == "recv" || role == "pong"; }
 
 sockaddr_in address(const Args &a) {
@@ -266,6 +274,19 @@ int run_cpu(const Args &a, LinkResult *out) {
 
 // ---------------------------------------------------------------- main
 
+CopyArgs copy_args(const Args &a) {
+  CopyArgs c;
+  c.stream = is_stream(a.role);
+  c.bytes = a.bytes;
+  c.window = a.window;
+  c.seed = a.seed;
+  c.size = a.size;
+  c.rounds = a.rounds;
+  c.gpu = a.gpu;
+  c.host_backend = a.host_backend;
+  return c;
+}
+
 void report(const Args &a, const LinkResult &r, int status) {
   const bool stream = is_stream(a.role);
   const double mbps = stream && r.ns > 0 ? double(r.bytes) / (double(r.ns) / 1e9) / 1e6 : 0;
@@ -308,17 +329,19 @@ int main_(int argc, char **argv) {
     else if (k == "--json") a.json = next();
     else pos.push_back(k);
   }
-  const bool known =
-      pos.size() == 2 && (is_stream(pos[0]) || pos[0] == "ping" || pos[0] == "pong" || pos[0] == "pair-ping");
+  const bool known = pos.size() == 2 && (is_stream(pos[0]) || pos[0] == "ping" || pos[0] == "pong" ||
+                                         pos[0] == "pair-ping" || pos[0] == "copy-ping");
   if (!known || a.window < 16 || a.window % 8 || a.size == 0 || a.streams < 1 || a.streams > 64 ||
-      (a.cpu && pos[0].rfind("pair-", 0) == 0)) {
-    std::fprintf(stderr, "usage: gpu_link [options] recv|send|pong|ping|pair-stream|pair-ping PORT (see the source)\n");
+      (a.cpu && (pos[0].rfind("pair-", 0) == 0 || is_copy(pos[0])))) {
+    std::fprintf(stderr,
+                 "usage: gpu_link [options] recv|send|pong|ping|pair-stream|pair-ping|copy-stream|copy-ping PORT "
+                 "(see the source)\n");
     return 2;
   }
   a.role = pos[0];
   a.port = std::atoi(pos[1].c_str());
   LinkResult r{};
-  const int status = a.cpu ? run_cpu(a, &r) : run_gpu(a, &r);
+  const int status = a.cpu ? run_cpu(a, &r) : is_copy(a.role) ? run_copy(copy_args(a), &r) : run_gpu(a, &r);
   const int rc = status < 0 ? status : r.error;
   report(a, r, rc);
   return rc == 0 && r.bad == 0 ? 0 : 1;
