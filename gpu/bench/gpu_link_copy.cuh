@@ -1,9 +1,10 @@
 // The baseline of a GPU-to-GPU link: the same bytes moved by the CUDA runtime
 // between two GPUs of this process (cudaMemcpyPeerAsync, with peer access
 // where the GPUs allow it), no socket involved. A stream of `bytes` in
-// `window` pieces, the last piece checked; or `rounds` round trips of `size`
-// bytes (a copy there and a copy back, each waited for). On the host backend
-// the "GPUs" are host memory and the copies memcpy: only the code path.
+// `window` pieces, the window that arrived checked at the end; or `rounds`
+// round trips of `size` bytes (a copy there and a copy back, each waited for).
+// On the host backend the "GPUs" are host memory and the copies memcpy: only
+// the code path.
 #pragma once
 
 #include "gpu/bench/gpu_link_kernels.cuh"
