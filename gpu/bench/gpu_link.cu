@@ -275,16 +275,14 @@ int run_cpu(const Args &a, LinkResult *out) {
 // ---------------------------------------------------------------- main
 
 CopyArgs copy_args(const Args &a) {
-  CopyArgs c;
-  c.stream = is_stream(a.role);
-  c.bytes = a.bytes;
-  c.window = a.window;
-  c.seed = a.seed;
-  c.size = a.size;
-  c.rounds = a.rounds;
-  c.gpu = a.gpu;
-  c.host_backend = a.host_backend;
-  return c;
+  return CopyArgs{.stream = is_stream(a.role),
+                  .bytes = a.bytes,
+                  .window = a.window,
+                  .seed = a.seed,
+                  .size = a.size,
+                  .rounds = a.rounds,
+                  .gpu = a.gpu,
+                  .host_backend = a.host_backend};
 }
 
 void report(const Args &a, const LinkResult &r, int status) {
