@@ -12,10 +12,13 @@
 #include <gpusock/gpu.cuh>
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <vector>
 
 namespace gpusock::test {
 namespace {
@@ -334,6 +337,7 @@ struct ErrorsKernel {
   DeviceContext ctx;
   int closed_port;
   int listen_port;
+  int second_listen_port;  // free too: listen_port + 1 may be another test's
   int64_t *results;
   GS_HD void operator()() const {
     int64_t r[16] = {};
@@ -354,7 +358,7 @@ struct ErrorsKernel {
     r[9] = glisten(ctx, l, 4);
     r[10] = gaccept(ctx, l);  // non-blocking listener, nobody connecting
     const int l2 = gsocket(ctx, AF_INET, SOCK_STREAM);
-    const sockaddr_in any2 = loopback(listen_port + 1);
+    const sockaddr_in any2 = loopback(second_listen_port);
     gbind(ctx, l2, reinterpret_cast<const sockaddr *>(&any2), sizeof any2);
     glisten(ctx, l2, 4);
     r[11] = gaccept(ctx, l2, 0, 50);  // blocking, with a timeout
@@ -411,9 +415,11 @@ struct OrphanKernel {
 
 TEST_F(GpuSockets, ErrorsAreNegativeErrno) {
   start_proxy();
-  const int port = free_port();
+  std::vector<int> held;  // three different ports
+  const int closed_port = free_port(&held), port = free_port(&held), second_port = free_port(&held);
+  for (int fd : held) ::close(fd);
   int64_t *r = mem_.alloc<int64_t>(16);
-  launch(1, kBlockThreads, ErrorsKernel{ctx_, free_port(), port, r});
+  launch(1, kBlockThreads, ErrorsKernel{ctx_, closed_port, port, second_port, r});
   ASSERT_TRUE(wait_until([&] { return load_shared(&r[15]) == 1; }, 20000));
   EXPECT_EQ(r[0], -EAFNOSUPPORT);
   EXPECT_EQ(r[1], -EBADF);
