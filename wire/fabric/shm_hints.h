@@ -98,11 +98,7 @@ class MappedBoard {
   // Sets `slot`'s bit (call after a seq_cst fence that follows the stores it
   // announces), then wakes the group that watches it if that group sleeps.
   void mark(uint32_t slot) {
-    std::atomic<uint64_t> &word = layout_->bits[slot / 64];
-    const uint64_t bit = uint64_t{1} << (slot % 64);
-    if ((word.load(std::memory_order_relaxed) & bit) == 0) word.fetch_or(bit, std::memory_order_seq_cst);
-    std::atomic_thread_fence(std::memory_order_seq_cst);
-    const uint16_t group = layout_->watcher[slot].load(std::memory_order_relaxed);
+    const uint16_t group = set_bit(slot);
     if (group != 0 && group < kBoardGroups) wake(group);
   }
   // Rings `group`'s bell if it is armed (one ring per arming).
@@ -110,9 +106,28 @@ class MappedBoard {
     std::atomic<uint32_t> &armed = layout_->groups[group].armed;
     if (armed.load(std::memory_order_relaxed) != 0 && armed.exchange(0) != 0) ringers_.ring(*layout_, group);
   }
+  // As mark(), but rings the slot's group whether or not it is armed: for a
+  // peer process that died, which may have taken the armed word and died
+  // before it rang. A ring with nobody asleep ends the next sleep early, once.
+  void mark_and_ring(uint32_t slot) {
+    const uint16_t group = set_bit(slot);
+    if (group != 0 && group < kBoardGroups) {
+      layout_->groups[group].armed.store(0, std::memory_order_relaxed);
+      ringers_.ring(*layout_, group);
+    }
+  }
   BoardLayout &layout() { return *layout_; }
 
  private:
+  // Sets `slot`'s bit, then fences; the group that watches the slot.
+  uint16_t set_bit(uint32_t slot) {
+    std::atomic<uint64_t> &word = layout_->bits[slot / 64];
+    const uint64_t bit = uint64_t{1} << (slot % 64);
+    if ((word.load(std::memory_order_relaxed) & bit) == 0) word.fetch_or(bit, std::memory_order_seq_cst);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    return layout_->watcher[slot].load(std::memory_order_relaxed);
+  }
+
   BoardLayout *layout_;
   bool unmap_;
   GroupRingers ringers_;
@@ -141,6 +156,12 @@ class HintBoard {
     if (view_ == nullptr || slot < 0) return;
     std::atomic_thread_fence(std::memory_order_seq_cst);
     view_->mark(static_cast<uint32_t>(slot));
+  }
+  // The same for an endpoint whose peer process died (MappedBoard::mark_and_ring).
+  void mark_and_ring(int32_t slot) {
+    if (view_ == nullptr || slot < 0) return;
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    view_->mark_and_ring(static_cast<uint32_t>(slot));
   }
   // Of the slots in mask[0..words), appends those marked since their last
   // take, and clears them.

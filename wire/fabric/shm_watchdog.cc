@@ -232,7 +232,9 @@ void ShmWatchdog::fire(PeerWatch *watch) {
     const char one = 1;
     (void)send_to_bell(ringer_, watch->wake_path, &one, 1);
   }
-  if (watch->board) watch->board->mark(watch->slot);
+  // The dead process may have taken our group's armed word and died before
+  // its ring: this ring is the one it owed.
+  if (watch->board) watch->board->mark_and_ring(watch->slot);
   if (!watch->locks.empty() && watch->locks[0]->held()) watch->locks[0]->release();
   if (watch->locks.size() > 1) {
     watch->own_lock_pending = true;
