@@ -228,9 +228,7 @@ void run_cpu_link(const Args &a, int fd, bool listen, uint64_t bytes, LinkResult
     out->bytes = static_cast<int64_t>(got);
   } else {
     uint8_t *msg = buf.data(), *back = buf.data() + a.size;
-    int64_t t0 = 0;
-    for (int64_t k = 0; err == 0 && k < a.rounds; ++k) {
-      if (k == 1) t0 = static_cast<int64_t>(watch.seconds() * 1e9);
+    timed_rounds(a.rounds, out, [&](int64_t k) {
       if (listen) {
         if (test::recv_all(fd, back, a.size, &err)) test::send_all(fd, back, a.size, &err);
       } else {
@@ -238,9 +236,8 @@ void run_cpu_link(const Args &a, int fd, bool listen, uint64_t bytes, LinkResult
         if (test::send_all(fd, msg, a.size, &err) && test::recv_all(fd, back, a.size, &err))
           out->bad += std::memcmp(msg, back, a.size) != 0;
       }
-      if (err == 0) out->rounds = k + 1;
-    }
-    out->ns = static_cast<int64_t>(watch.seconds() * 1e9) - t0;
+      return err == 0;
+    });
     out->bytes = out->rounds * a.size;
   }
   if (stream) out->ns = static_cast<int64_t>(watch.seconds() * 1e9);

@@ -55,16 +55,12 @@ inline int run_copy_on_host(const CopyArgs &a, LinkResult *out) {
     out->bad = std::memcmp(dst.data(), src.data(), std::min<uint64_t>(len, a.bytes)) != 0;
     return 0;
   }
-  const test::Stopwatch watch;
-  int64_t t0 = 0;  // from the second round, as gpu_link's other ping-pongs
-  for (int64_t k = 0; k < a.rounds; ++k) {
-    if (k == 1) t0 = static_cast<int64_t>(watch.seconds() * 1e9);
+  timed_rounds(a.rounds, out, [&](int64_t) {
     std::memcpy(dst.data(), src.data(), len);
     std::memcpy(back.data(), dst.data(), len);
-  }
-  out->ns = static_cast<int64_t>(watch.seconds() * 1e9) - t0;
-  out->rounds = a.rounds;
-  out->bytes = a.rounds * a.size;
+    return true;
+  });
+  out->bytes = out->rounds * a.size;
   out->bad = std::memcmp(back.data(), src.data(), len) != 0;
   return 0;
 }
@@ -136,17 +132,13 @@ inline int run_copy_on_gpus(const CopyArgs &a, LinkResult *out) {
     out->ns = static_cast<int64_t>(watch.seconds() * 1e9);
     out->bytes = static_cast<int64_t>(a.bytes);
   } else if (err == cudaSuccess) {
-    const test::Stopwatch watch;
-    int64_t t0 = 0;  // from the second round, as gpu_link's other ping-pongs
-    for (int64_t k = 0; k < a.rounds && err == cudaSuccess; ++k) {
-      if (k == 1) t0 = static_cast<int64_t>(watch.seconds() * 1e9);
+    timed_rounds(a.rounds, out, [&](int64_t) {
       err = there(len);
       if (err == cudaSuccess) err = cudaStreamSynchronize(stream);
       if (err == cudaSuccess) err = back(len);
       if (err == cudaSuccess) err = cudaStreamSynchronize(stream);
-      out->rounds = k + 1;
-    }
-    out->ns = static_cast<int64_t>(watch.seconds() * 1e9) - t0;
+      return err == cudaSuccess;
+    });
     out->bytes = out->rounds * a.size;
   }
   cudaStreamDestroy(stream);

@@ -15,6 +15,7 @@
 #include <gpusock/gpu.cuh>
 
 #include "test-support/checksum.h"
+#include "test-support/timing.h"
 
 #include <stdint.h>
 
@@ -49,6 +50,22 @@ GS_HD void publish_result(LinkResult *out, const LinkResult &r) {
 #else
   __atomic_store_n(&out->done, 1, __ATOMIC_RELEASE);
 #endif
+}
+
+// A host-side ping-pong: round(k) for k in [0, rounds) until one returns
+// false; the rounds that succeeded into out->rounds and their time into
+// out->ns, from the second round on (the first sets the path up), as the
+// ping-pong kernel below times its own.
+template <class Round>
+void timed_rounds(int64_t rounds, LinkResult *out, const Round &round) {
+  const test::Stopwatch watch;
+  int64_t t0 = 0;
+  for (int64_t k = 0; k < rounds; ++k) {
+    if (k == 1) t0 = static_cast<int64_t>(watch.seconds() * 1e9);
+    if (!round(k)) break;
+    out->rounds = k + 1;
+  }
+  out->ns = static_cast<int64_t>(watch.seconds() * 1e9) - t0;
 }
 
 // Block-cooperative connect that retries (for `seconds`) while nobody listens yet.
